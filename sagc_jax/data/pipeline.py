@@ -1,0 +1,300 @@
+"""grain pipelines: the RL prompt stream and SFT warm-start batches.
+
+``make_prompt_iterator`` builds::
+
+    MapDataset.source(examples)[process_index::process_count]   # per-process shard
+        .shuffle(seed)                                           # (if shuffle)
+        .repeat(num_epochs)                                      # reshuffled every epoch
+        .map(tokenise prompt -> prompt_ids)
+        .to_iter_dataset()                                       # (+ mp_prefetch if workers)
+
+and returns its iterator, which yields ONE example dict per ``next()`` — the trainer pulls as many
+as a step needs (prompts per step may change with the group size). The iterator is checkpointable:
+``it.get_state()`` / ``it.set_state(state)`` (a small JSON-able dict) and the Orbax handler
+``grain.checkpoint.CheckpointHandler`` with ``CheckpointSave(it)`` / ``CheckpointRestore(it)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from sagc_jax.data.readers import DataError, read_examples
+from sagc_jax.data.tasks import get_task
+from sagc_jax.data.tokenizer import encode_prompt, encode_text
+
+__all__ = [
+    "TokenizePrompt",
+    "load_examples",
+    "make_prompt_iterator",
+    "make_sft_batches",
+    "sft_example_ids",
+]
+
+
+class TokenizePrompt(grain.transforms.Map):
+    """grain Map: adds ``prompt_ids`` (int32 array) to an example, keeping every other key.
+
+    Picklable (the tokenizer is a plain attribute), so it works with grain worker processes.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        chat_template: bool = False,
+        max_prompt_len: int | None = None,
+        truncate: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.max_prompt_len = max_prompt_len
+        self.truncate = truncate
+
+    def map(self, element: Mapping[str, Any]) -> dict[str, Any]:
+        """Tokenise ``element['prompt']``."""
+        out = dict(element)
+        ids = encode_prompt(self.tokenizer, out["prompt"], self.chat_template)
+        if self.max_prompt_len is not None and len(ids) > self.max_prompt_len:
+            if not self.truncate:
+                raise DataError(
+                    f"prompt of {len(ids)} tokens exceeds max_prompt_len={self.max_prompt_len} "
+                    f"(prompt starts {out['prompt'][:60]!r}); raise the limit or enable truncation"
+                )
+            ids = ids[-self.max_prompt_len :]  # keep the end: that is where the question is
+        out["prompt_ids"] = np.asarray(ids, dtype=np.int32)
+        return out
+
+
+def _as_map_dataset(examples_source: Any) -> grain.MapDataset:
+    if isinstance(examples_source, grain.MapDataset):
+        ds = examples_source
+    elif hasattr(examples_source, "__len__") and hasattr(examples_source, "__getitem__"):
+        ds = grain.MapDataset.source(examples_source)
+    else:
+        raise TypeError(
+            "examples_source must be a grain.MapDataset or a random-access sequence of dicts, "
+            f"got {type(examples_source).__name__}"
+        )
+    if len(ds) == 0:
+        raise DataError("examples source is empty")
+    return ds
+
+
+def _mark_absl_flags_parsed() -> None:
+    """grain worker processes read absl flags; mark them parsed if nobody has (no argv parsing)."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def make_prompt_iterator(
+    examples_source: Any,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    chat_template: bool = False,
+    worker_count: int = 0,
+    max_prompt_len: int | None = None,
+    truncate_prompts: bool = False,
+    read_threads: int = 2,
+    prefetch_buffer_size: int = 64,
+) -> grain.DatasetIterator:
+    """Checkpointable iterator over tokenised prompts, one example dict per ``next()``.
+
+    Args:
+      examples_source: list/sequence of example dicts (``prompt``, ``answer``, extra columns), a
+        lazy source such as :class:`~sagc_jax.data.tasks.ArithSource`, or a ``grain.MapDataset``.
+      tokenizer: used by :func:`~sagc_jax.data.tokenizer.encode_prompt`.
+      seed: shuffle seed (each epoch is reshuffled with a seed derived from it).
+      shuffle: shuffle (else file order).
+      num_epochs: passes over this process's shard; ``None`` repeats forever.
+      process_index, process_count: this process's shard is ``[process_index::process_count]``
+        (disjoint across processes, covering the source).
+      chat_template: render each prompt as a user message with the tokenizer's chat template.
+      worker_count: > 0 runs the map in that many grain worker processes (absl flags are marked
+        parsed first, as grain requires).
+      max_prompt_len: if set, a longer prompt raises :class:`DataError` (or is left-truncated with
+        ``truncate_prompts``).
+      read_threads, prefetch_buffer_size: grain ``ReadOptions`` for the in-process prefetch.
+
+    Yields (per ``next()``):
+      the example dict plus ``prompt_ids`` (``np.ndarray`` int32, bos first when the tokenizer has
+      one). ``StopIteration`` after ``num_epochs`` passes.
+    """
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"need 0 <= process_index < process_count, got {process_index}, "
+                         f"{process_count}")
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"num_epochs must be >= 1 or None, got {num_epochs}")
+    ds = _as_map_dataset(examples_source)
+    if len(ds) < process_count:
+        raise DataError(
+            f"dataset has {len(ds)} examples, fewer than process_count={process_count}"
+        )
+    ds = ds[process_index::process_count]
+    if shuffle:
+        ds = ds.shuffle(seed=int(seed))
+    ds = ds.repeat(num_epochs)  # reseeds the shuffle every epoch
+    ds = ds.map(TokenizePrompt(tokenizer, chat_template, max_prompt_len, truncate_prompts))
+    it_ds = ds.to_iter_dataset(
+        grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=prefetch_buffer_size)
+    )
+    if worker_count > 0:
+        _mark_absl_flags_parsed()
+        it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    return iter(it_ds)
+
+
+def sft_example_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    example: Mapping[str, Any],
+    *,
+    chat_template: bool = False,
+    solution_key: str = "solution",
+) -> tuple[list[int], list[int]]:
+    """``(prompt_ids, completion_ids)`` for SFT: completion = solution tokens + eos."""
+    if solution_key not in example:
+        raise DataError(
+            f"SFT needs a {solution_key!r} column; example keys: {sorted(example)}"
+        )
+    prompt_ids = encode_prompt(tokenizer, example["prompt"], chat_template)
+    completion = encode_text(tokenizer, str(example[solution_key]))
+    if tokenizer.eos_token_id is not None:
+        completion.append(int(tokenizer.eos_token_id))
+    return prompt_ids, completion
+
+
+def make_sft_batches(
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    seed: int = 0,
+    num_epochs: int | None = 1,
+    chat_template: bool = False,
+    seq_len: int | None = None,
+    pad_multiple: int = 16,
+    drop_remainder: bool = True,
+    solution_key: str = "solution",
+) -> Iterator[dict[str, np.ndarray]]:
+    """Deterministic SFT warm-start batches of ``prompt_ids + solution_ids + eos``.
+
+    Each epoch visits the examples in the order ``np.random.default_rng([seed, epoch])``
+    permutes them. Sequences are right-padded with the pad id.
+
+    Args:
+      examples: sequence of dicts with ``prompt`` and ``solution`` (e.g. a task's train source).
+      batch_size: rows per batch (every batch has exactly this many rows).
+      seed: order seed.
+      num_epochs: passes; ``None`` = forever.
+      chat_template: as in :func:`make_prompt_iterator`.
+      seq_len: fixed ``T`` (a longer example raises :class:`DataError`); ``None`` = the batch's
+        longest sequence rounded up to ``pad_multiple``.
+      drop_remainder: drop the last partial batch of an epoch; otherwise fill it with all-pad
+        rows whose masks are 0.
+
+    Yields:
+      ``{"tokens": int32 [B, T], "loss_mask": int32 [B, T] (1 on solution + eos tokens),
+      "input_mask": int32 [B, T] (1 on every real token)}``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = len(examples)
+    if n == 0:
+        raise DataError("SFT examples are empty")
+    if drop_remainder and n < batch_size:
+        raise DataError(f"only {n} SFT examples, fewer than batch_size={batch_size}")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    epoch = 0
+    while num_epochs is None or epoch < num_epochs:
+        order = np.random.default_rng([int(seed) & 0xFFFFFFFF, epoch]).permutation(n)
+        stop = n - n % batch_size if drop_remainder else n
+        for start in range(0, stop, batch_size):
+            idx = order[start : start + batch_size]
+            rows = []
+            for i in idx:
+                p, c = sft_example_ids(
+                    tokenizer, examples[int(i)], chat_template=chat_template,
+                    solution_key=solution_key,
+                )
+                if seq_len is not None and len(p) + len(c) > seq_len:
+                    raise DataError(
+                        f"SFT example {int(i)} has {len(p) + len(c)} tokens > seq_len={seq_len}"
+                    )
+                rows.append((p, c))
+            longest = max(len(p) + len(c) for p, c in rows)
+            t = seq_len if seq_len is not None else -(-longest // pad_multiple) * pad_multiple
+            tokens = np.full((batch_size, t), pad, dtype=np.int32)
+            loss_mask = np.zeros((batch_size, t), dtype=np.int32)
+            input_mask = np.zeros((batch_size, t), dtype=np.int32)
+            for r, (p, c) in enumerate(rows):
+                tokens[r, : len(p) + len(c)] = p + c
+                loss_mask[r, len(p) : len(p) + len(c)] = 1
+                input_mask[r, : len(p) + len(c)] = 1
+            yield {"tokens": tokens, "loss_mask": loss_mask, "input_mask": input_mask}
+        epoch += 1
+
+
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "task": ("task", "task_name"),
+    "task_options": ("task_options", "task_kwargs"),
+    "train_path": ("train_path", "train_file", "path", "dataset_path"),
+    "eval_path": ("eval_path", "eval_file"),
+    "prompt_column": ("prompt_column",),
+    "answer_column": ("answer_column",),
+    "seed": ("seed", "data_seed"),
+    "train_size": ("train_size", "num_train_examples", "num_train"),
+    "eval_size": ("eval_size", "num_eval_examples", "num_eval"),
+}
+_MISSING = object()
+
+
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    for name in _ALIASES[key]:
+        val = cfg.get(name, _MISSING) if isinstance(cfg, Mapping) else getattr(cfg, name, _MISSING)
+        if val is not _MISSING and val is not None:
+            return val
+    return default
+
+
+def load_examples(data_cfg_like: Any, split: str = "train") -> Sequence[dict[str, Any]]:
+    """The example source for a data config (dataclass, namespace or mapping).
+
+    Recognised fields (first alias found wins; ``None`` counts as unset):
+      ``task`` (built-in task name) and ``task_options`` (dict for :func:`get_task`), or
+      ``train_path`` / ``eval_path`` (``.jsonl`` or ``.parquet``) with ``prompt_column``
+      (default ``"prompt"``) and ``answer_column`` (default ``"answer"``);
+      ``seed`` (train data seed, default 0), ``train_size`` / ``eval_size`` (built-in tasks).
+      A file takes precedence over a task for that split, so a task can be paired with a file.
+
+    Returns:
+      A random-access sequence of example dicts (lazy for built-in train splits).
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    path = _cfg_get(data_cfg_like, f"{split}_path")
+    if path is not None:
+        return read_examples(
+            os.fspath(path),
+            _cfg_get(data_cfg_like, "prompt_column", "prompt"),
+            _cfg_get(data_cfg_like, "answer_column", "answer"),
+        )
+    name = _cfg_get(data_cfg_like, "task")
+    if name is None:
+        raise DataError(f"no {split} data configured: set a built-in task or {split}_path")
+    task = get_task(name, **dict(_cfg_get(data_cfg_like, "task_options", {})))
+    if split == "train":
+        return task.train_examples(
+            int(_cfg_get(data_cfg_like, "seed", 0)), _cfg_get(data_cfg_like, "train_size")
+        )
+    return task.eval_examples(_cfg_get(data_cfg_like, "eval_size"))

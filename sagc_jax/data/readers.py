@@ -1,0 +1,154 @@
+"""Dataset readers: JSONL and Parquet files of prompts (+ answers + any extra columns).
+
+Each reader returns a list of dicts with the canonical keys ``prompt`` (str) and ``answer`` (str,
+numbers are converted) plus every other column unchanged, so reward functions receive them as
+keyword arguments. Any problem raises :class:`DataError` naming the file and the line (JSONL,
+1-based) or row index (Parquet, 0-based) and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["DataError", "normalize_row", "read_examples", "read_jsonl", "read_parquet"]
+
+
+class DataError(ValueError):
+    """A dataset file is unreadable, empty or has a malformed row."""
+
+
+def normalize_row(
+    row: Any,
+    *,
+    where: str,
+    prompt_column: str = "prompt",
+    answer_column: str | None = "answer",
+) -> dict[str, Any]:
+    """Validate one row and map its prompt/answer columns onto ``prompt``/``answer``.
+
+    Args:
+      row: the decoded row (must be a mapping).
+      where: location for error messages, e.g. ``"data.jsonl line 3"``.
+      prompt_column: column holding the prompt text (must be a string).
+      answer_column: column holding the reference answer (str/int/float, converted to str), or
+        ``None`` for datasets without one.
+    """
+    if not isinstance(row, Mapping):
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if prompt_column not in row:
+        raise DataError(
+            f"{where}: missing prompt column {prompt_column!r} (columns: {sorted(row)})"
+        )
+    prompt = row[prompt_column]
+    if not isinstance(prompt, str):
+        raise DataError(
+            f"{where}: prompt column {prompt_column!r} must be a string, "
+            f"got {type(prompt).__name__}"
+        )
+    out = {k: v for k, v in row.items() if k not in (prompt_column, answer_column)}
+    out["prompt"] = prompt
+    if answer_column is not None:
+        if answer_column not in row:
+            raise DataError(
+                f"{where}: missing answer column {answer_column!r} (columns: {sorted(row)})"
+            )
+        answer = row[answer_column]
+        if isinstance(answer, bool) or not isinstance(answer, str | int | float):
+            raise DataError(
+                f"{where}: answer column {answer_column!r} must be a string or number, "
+                f"got {type(answer).__name__}"
+            )
+        out["answer"] = answer if isinstance(answer, str) else str(answer)
+    return out
+
+
+def read_jsonl(
+    path: str | os.PathLike[str],
+    prompt_column: str = "prompt",
+    answer_column: str | None = "answer",
+) -> list[dict[str, Any]]:
+    """Read a JSON-lines file (one object per line; blank lines are skipped).
+
+    Raises:
+      DataError: unreadable file, bad JSON, non-object row, missing column, non-string prompt
+        (message: ``"<file> line <n>: ..."``), or no rows at all.
+    """
+    path = os.fspath(path)
+    rows: list[dict[str, Any]] = []
+    try:
+        fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open dataset file: {exc}") from exc
+    with fh:
+        try:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path} line {lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from exc
+                rows.append(
+                    normalize_row(
+                        obj, where=where, prompt_column=prompt_column, answer_column=answer_column
+                    )
+                )
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not UTF-8 text: {exc}") from exc
+    if not rows:
+        raise DataError(f"{path}: dataset is empty (no rows)")
+    return rows
+
+
+def read_parquet(
+    path: str | os.PathLike[str],
+    prompt_column: str = "prompt",
+    answer_column: str | None = "answer",
+) -> list[dict[str, Any]]:
+    """Read a Parquet file with pyarrow.
+
+    Raises:
+      DataError: unreadable file, missing column (names the file and the columns present),
+        non-string prompt / bad answer (``"<file> row <i>: ..."``, 0-based), or no rows.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.fspath(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"{path}: cannot read Parquet file: {exc}") from exc
+    names = table.column_names
+    for role, col in (("prompt", prompt_column), ("answer", answer_column)):
+        if col is not None and col not in names:
+            raise DataError(f"{path}: missing {role} column {col!r} (columns: {sorted(names)})")
+    if table.num_rows == 0:
+        raise DataError(f"{path}: dataset is empty (no rows)")
+    return [
+        normalize_row(
+            row,
+            where=f"{path} row {i}",
+            prompt_column=prompt_column,
+            answer_column=answer_column,
+        )
+        for i, row in enumerate(table.to_pylist())
+    ]
+
+
+def read_examples(
+    path: str | os.PathLike[str],
+    prompt_column: str = "prompt",
+    answer_column: str | None = "answer",
+) -> list[dict[str, Any]]:
+    """Read a dataset file, choosing the reader by extension (``.parquet``/``.pq``, else JSONL)."""
+    p = os.fspath(path)
+    if p.endswith((".parquet", ".pq")):
+        return read_parquet(p, prompt_column, answer_column)
+    if p.endswith((".jsonl", ".json", ".ndjson", ".jsonl.txt")):
+        return read_jsonl(p, prompt_column, answer_column)
+    raise DataError(f"{p}: unknown dataset format (expected .jsonl, .json, .ndjson or .parquet)")

@@ -1,0 +1,166 @@
+"""Llama / Qwen2 decoder in flax.nnx.
+
+Layer weights are stacked along a leading `layers` axis and the blocks run under `jax.lax.scan`,
+so compile time does not grow with depth (a 24-layer model compiles like a 1-layer one) — the
+sampler and learner are compile-bound on small machines. The KV cache is stacked the same way and
+updated in place inside the scan carry.
+
+Call contract:
+- `model(ids)`: ids [B, T] right-aligned, unpadded -> logits [B, T, V] float32.
+- `model(ids, positions=..., kv_mask=...)`: padded input; positions [B, T] int, kv_mask [B, T]
+  bool (False on padding). Causality is by slot index.
+- `model(ids, positions=..., kv_mask=..., cache=cache, cache_index=i)`: writes the T new keys/values
+  at slots [i, i+T) of the cache and attends to every slot j <= i+t with kv_mask[b, j] True;
+  kv_mask is [B, S] over cache slots. Returns (logits, new_cache).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.rope import apply_rope, inv_frequencies
+
+_NEG_INF = -1e30  # finite, so fully masked (padding) query rows give uniform weights, not NaN
+
+
+class KVCache(NamedTuple):
+    """Stacked key/value cache: k, v [layers, batch, slots, kv_heads, head_dim] (compute dtype)."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, slots: int) -> KVCache:
+    shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
+    dt = jnp.dtype(cfg.dtype)
+    return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """HF RMSNorm: normalise in float32, cast back, then scale."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder blocks' weights, stacked on axis 0 (`layers`). Kernels are [in, out]."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        L, H, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
+        qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        normal = nnx.initializers.normal(0.02)
+
+        def w(*shape: int) -> nnx.Param:
+            return nnx.Param(normal(rngs.params(), (L, *shape), jnp.float32))
+
+        def zeros(*shape: int) -> nnx.Param:
+            return nnx.Param(jnp.zeros((L, *shape), jnp.float32))
+
+        self.attn_norm = nnx.Param(jnp.ones((L, H), jnp.float32))
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = w(H, qd), w(H, kvd), w(H, kvd), w(qd, H)
+        self.mlp_norm = nnx.Param(jnp.ones((L, H), jnp.float32))
+        self.gate_proj, self.up_proj, self.down_proj = w(H, I), w(H, I), w(I, H)
+        if cfg.qkv_bias:
+            self.q_bias, self.k_bias, self.v_bias = zeros(qd), zeros(kvd), zeros(kvd)
+        if cfg.o_bias:
+            self.o_bias = zeros(H)
+        if cfg.mlp_bias:
+            self.gate_bias, self.up_bias, self.down_bias = zeros(I), zeros(I), zeros(H)
+
+
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention.
+
+    q [B, T, N, D], k/v [B, S, K, D], mask [B, T, S] bool -> [B, T, N*D].
+    Scores and softmax in float32; N = K * R query heads share each kv head.
+    """
+    B, T, N, D = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, N // K, D)
+    scores = jnp.einsum("btkrd,bskd->bkrts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * (D ** -0.5), _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkrts,bskd->btkrd", probs, v)
+    return out.reshape(B, T, N * D)
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM for model_type llama and qwen2 (they differ only in config flags)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        normal = nnx.initializers.normal(0.02)
+        self.embed = nnx.Param(normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size)))
+        self.layers = DecoderLayers(cfg, rngs)
+        self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.float32))
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nnx.Param(normal(rngs.params(), (cfg.hidden_size, cfg.vocab_size)))
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        kv_mask: jax.Array | None = None,
+        cache: KVCache | None = None,
+        cache_index: jax.Array | int = 0,
+    ) -> jax.Array | tuple[jax.Array, KVCache]:
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.dtype)
+        B, T = input_ids.shape
+        q_slots = jnp.asarray(cache_index, jnp.int32) + jnp.arange(T, dtype=jnp.int32)
+        S = T if cache is None else cache.k.shape[2]
+        if positions is None:
+            positions = jnp.broadcast_to(q_slots, (B, T))
+        if kv_mask is None:
+            kv_mask = jnp.ones((B, S), bool)
+        mask = (jnp.arange(S)[None, None, :] <= q_slots[None, :, None]) & kv_mask[:, None, :]
+
+        inv_freq = inv_frequencies(cfg)
+        x = jnp.take(self.embed[...], input_ids, axis=0).astype(dt)
+        params = {k: v.astype(dt) for k, v in nnx.to_pure_dict(nnx.state(self.layers)).items()}
+        n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+        def block(carry, layer):
+            x, cache = carry
+            p, idx = layer
+            h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+            q, k, v = h @ p["q_proj"], h @ p["k_proj"], h @ p["v_proj"]
+            if cfg.qkv_bias:
+                q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+            q = apply_rope(q.reshape(B, T, n, d), positions, inv_freq)
+            k = apply_rope(k.reshape(B, T, kv, d), positions, inv_freq)
+            v = v.reshape(B, T, kv, d)
+            if cache is not None:
+                # In-place write of this layer's new slots; then attend over the whole cache.
+                start = (idx, 0, jnp.asarray(cache_index, jnp.int32), 0, 0)
+                cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None], start),
+                                jax.lax.dynamic_update_slice(cache.v, v[None], start))
+                k, v = cache.k[idx], cache.v[idx]
+            attn = _attention(q, k, v, mask) @ p["o_proj"]
+            if cfg.o_bias:
+                attn = attn + p["o_bias"]
+            x = x + attn
+            h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+            gate, up = h @ p["gate_proj"], h @ p["up_proj"]
+            if cfg.mlp_bias:
+                gate, up = gate + p["gate_bias"], up + p["up_bias"]
+            mlp = (jax.nn.silu(gate) * up) @ p["down_proj"]
+            if cfg.mlp_bias:
+                mlp = mlp + p["down_bias"]
+            return (x + mlp, cache), None
+
+        if cfg.remat:
+            block = jax.checkpoint(block)
+        (x, cache), _ = jax.lax.scan(block, (x, cache),
+                                     (params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+        x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
+        logits = jnp.einsum("bth,hv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
+        return logits if cache is None else (logits, cache)

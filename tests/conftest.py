@@ -1,0 +1,15 @@
+"""Shared test setup: 4 fake CPU devices and a persistent compilation cache.
+
+Both must be set before jax is imported anywhere, which is why they live here.
+"""
+
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
