@@ -697,6 +697,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         key = prefix + name
         if name in data:
             kwargs[name] = _convert(hints.get(name, Any), data[name], key)
+            # Rules first, so a section's own __post_init__ never pre-empts these messages.
+            _check_rules(_field_rules(f, key), key, kwargs[name])
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             _fail(key, "required")
     section = prefix.rstrip(".") or cls.__name__
@@ -706,8 +708,9 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         raise
     except (ValueError, TypeError) as e:
         _fail(section, str(e))
-    for name, f in flds.items():
-        _check_rules(_field_rules(f, prefix + name), prefix + name, getattr(obj, name))
+    for name, f in flds.items():  # defaults (incl. default_factory) obey the rules too
+        if name not in kwargs:
+            _check_rules(_field_rules(f, prefix + name), prefix + name, getattr(obj, name))
     validate = getattr(obj, "validate", None)
     if cls is not Config and callable(validate):
         try:

@@ -25,3 +25,13 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
         raise ValueError(f"mesh: data*fsdp*tensor = {int(np.prod(sizes))} but there are "
                          f"{len(devices)} devices")
     return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def make_mesh_from_config(mesh_cfg) -> Mesh:
+    """Mesh from the `mesh:` config section (data may be -1 = the remaining devices)."""
+    return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)
+
+
+def is_main_process() -> bool:
+    """Only process 0 writes metrics, plots and HF exports."""
+    return jax.process_index() == 0

@@ -1,4 +1,4 @@
-"""Policy loss (vs a NumPy reference), clipping, micro-batch exactness, token logprobs, optimizer."""
+"""Policy loss vs a NumPy reference, clipping, micro-batch exactness, logprobs, optimizer."""
 
 import types
 
@@ -57,10 +57,21 @@ def test_matches_numpy_reference(agg, kl):
     tt, ts, mt = mask.sum(), (mask.sum(-1) > 0).sum(), 10
 
     def f(lp):
-        return policy_loss(lp, old, adv, mask, epsilon=EPS, epsilon_high=EPS_HIGH, loss_agg=agg,
-                           ref_logprobs=ref, beta=BETA, kl_estimator=kl, max_tokens=mt)
+        return policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            epsilon=EPS,
+            epsilon_high=EPS_HIGH,
+            loss_agg=agg,
+            ref_logprobs=ref,
+            beta=BETA,
+            kl_estimator=kl,
+            max_tokens=mt,
+        )
 
-    (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp))
+    (loss, metrics), grad = jax.jit(jax.value_and_grad(f, has_aux=True))(jnp.asarray(logp))
     ref_loss, ref_grad = _np_loss_and_grad(logp, old, ref, adv, mask, agg, kl, BETA, tt, ts, mt)
     np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5, atol=1e-7)
     assert np.all(np.isfinite(np.asarray(grad)))
@@ -78,11 +89,19 @@ def test_beta_zero_or_no_ref_skips_kl():
     assert float(m0["kl"]) == 0.0 and float(m1["kl"]) == 0.0
 
 
+@jax.jit
+def _one_token_grad(lp, a):
+    return jax.grad(
+        lambda x: policy_loss(
+            x, jnp.zeros((1, 1)), a, jnp.ones((1, 1)), epsilon=EPS, epsilon_high=EPS_HIGH
+        )[0]
+    )(lp)
+
+
 def _single_token_grad(rho, a):
-    lp = jnp.array([[np.log(rho)]], jnp.float32)
-    kw = dict(epsilon=EPS, epsilon_high=EPS_HIGH)
-    return float(jax.grad(lambda x: policy_loss(x, jnp.zeros((1, 1)), jnp.array([a]),
-                                                jnp.ones((1, 1)), **kw)[0])(lp)[0, 0])
+    """d loss / d logp for one token with ratio ``rho`` (old logp = 0) and advantage ``a``."""
+    lp = jnp.full((1, 1), np.log(rho), jnp.float32)
+    return float(_one_token_grad(lp, jnp.full((1,), a, jnp.float32))[0, 0])
 
 
 def test_clipping_engages_exactly_where_it_should():
@@ -99,12 +118,17 @@ def test_clipping_engages_exactly_where_it_should():
 @pytest.mark.parametrize("agg", AGGS)
 def test_on_policy_is_policy_gradient(agg):
     _, old, _, adv, mask = _inputs()
-    grad, metrics = jax.grad(
-        lambda lp: policy_loss(lp, old, adv, mask, loss_agg=agg, max_tokens=10), has_aux=True
+    grad, metrics = jax.jit(
+        jax.grad(
+            lambda lp: policy_loss(lp, old, adv, mask, loss_agg=agg, max_tokens=10), has_aux=True
+        )
     )(jnp.asarray(old))
     tt, ts, lens = mask.sum(), (mask.sum(-1) > 0).sum(), mask.sum(-1)
-    norm = {"token-mean": tt, "seq-mean-token-mean": np.maximum(lens, 1)[:, None] * ts,
-            "seq-mean-token-sum-norm": ts * 10}[agg]
+    norm = {
+        "token-mean": tt,
+        "seq-mean-token-mean": np.maximum(lens, 1)[:, None] * ts,
+        "seq-mean-token-sum-norm": ts * 10,
+    }[agg]
     np.testing.assert_allclose(np.asarray(grad), -adv[:, None] * mask / norm, rtol=1e-5, atol=1e-8)
     assert float(metrics["clip_frac"]) == 0.0
     np.testing.assert_allclose(float(metrics["ratio_mean"]), 1.0, rtol=1e-6)
@@ -112,7 +136,7 @@ def test_on_policy_is_policy_gradient(agg):
 
 @pytest.mark.parametrize("agg", AGGS)
 def test_microbatch_sum_equals_full_batch(agg):
-    """Losses and parameter grads of 2 micro-batches, normalised over the full batch, sum exactly."""
+    """Losses and param grads of 2 micro-batches, normalised over the full batch, sum exactly."""
     R, T, V, D = 6, 5, 11, 4
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.normal(size=(R, T, D)), jnp.float32)
@@ -124,15 +148,26 @@ def test_microbatch_sum_equals_full_batch(agg):
     mask = jnp.asarray(np.arange(T)[None] < np.array([5, 2, 4, 1, 3, 5])[:, None], jnp.float32)
     totals = dict(total_tokens=mask.sum(), total_seqs=jnp.float32(R), max_tokens=T)
 
-    def loss_fn(w, sl):
-        lp = token_logprobs(x[sl] @ w, targets[sl], 0.7)
-        return policy_loss(lp, old[sl], adv[sl], mask[sl], epsilon=EPS, epsilon_high=EPS_HIGH,
-                           loss_agg=agg, ref_logprobs=ref[sl], beta=BETA, **totals)
+    def loss_fn(w, x, targets, old, adv, mask, ref):
+        lp = token_logprobs(x @ w, targets, 0.7)
+        return policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            epsilon=EPS,
+            epsilon_high=EPS_HIGH,
+            loss_agg=agg,
+            ref_logprobs=ref,
+            beta=BETA,
+            **totals,
+        )
 
-    vg = jax.value_and_grad(loss_fn, has_aux=True)
-    (full, m_full), g_full = vg(w, slice(None))
-    (l1, m1), g1 = vg(w, slice(0, 3))
-    (l2, m2), g2 = vg(w, slice(3, None))
+    vg = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+    batch = (x, targets, old, adv, mask, ref)
+    (full, m_full), g_full = vg(w, *batch)
+    (l1, m1), g1 = vg(w, *(b[:3] for b in batch))
+    (l2, m2), g2 = vg(w, *(b[3:] for b in batch))
     np.testing.assert_allclose(float(l1 + l2), float(full), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(g1 + g2), np.asarray(g_full), rtol=1e-4, atol=1e-7)
     for k in m_full:  # metrics use the same normalisers, so they sum too
@@ -158,19 +193,36 @@ def test_token_logprobs():
 
 
 def _cfg(**kw):
-    base = dict(lr=1e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1, weight_decay=0.01,
-                b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0)
+    base = dict(
+        lr=1e-3,
+        warmup_steps=10,
+        schedule="cosine",
+        min_lr_ratio=0.1,
+        weight_decay=0.01,
+        b1=0.9,
+        b2=0.999,
+        eps=1e-8,
+        max_grad_norm=1.0,
+    )
     return types.SimpleNamespace(**{**base, **kw})
 
 
 def test_schedules():
     s = make_schedule(_cfg(), total_steps=100)
-    np.testing.assert_allclose([float(s(0)), float(s(5)), float(s(10)), float(s(100))],
-                               [0.0, 5e-4, 1e-3, 1e-4], rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(
+        [float(s(0)), float(s(5)), float(s(10)), float(s(100))],
+        [0.0, 5e-4, 1e-3, 1e-4],
+        rtol=1e-6,
+        atol=1e-12,
+    )
     assert 1e-4 < float(s(55)) < 1e-3
     c = make_schedule(_cfg(schedule="constant"), total_steps=100)
-    np.testing.assert_allclose([float(c(0)), float(c(5)), float(c(10)), float(c(100))],
-                               [0.0, 5e-4, 1e-3, 1e-3], rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(
+        [float(c(0)), float(c(5)), float(c(10)), float(c(100))],
+        [0.0, 5e-4, 1e-3, 1e-3],
+        rtol=1e-6,
+        atol=1e-12,
+    )
     np.testing.assert_allclose(float(make_schedule(_cfg(warmup_steps=0), 100)(0)), 1e-3)
     with pytest.raises(ValueError, match="schedule"):
         make_schedule(_cfg(schedule="linear"), 100)
@@ -182,7 +234,7 @@ def test_optimizer_clips_global_norm(max_norm):
     params = {"a": jnp.zeros(3), "b": jnp.zeros((2, 2))}
     grads = {"a": jnp.full(3, 10.0), "b": jnp.full((2, 2), -10.0)}  # global norm sqrt(700)
     state = tx.init(params)
-    updates, state = tx.update(grads, state, params)
+    updates, state = jax.jit(tx.update)(grads, state, params)
     mu = optax.tree_utils.tree_get(state, "mu")  # Adam first moment = (1 − b1) · clipped grad
     norm = float(optax.tree.norm(mu)) / (1 - 0.9)
     np.testing.assert_allclose(norm, 1.0 if max_norm else np.sqrt(700), rtol=1e-5)

@@ -65,7 +65,11 @@ class TokenizePrompt(grain.transforms.Map):
                     f"prompt of {len(ids)} tokens exceeds max_prompt_len={self.max_prompt_len} "
                     f"(prompt starts {out['prompt'][:60]!r}); raise the limit or enable truncation"
                 )
-            ids = ids[-self.max_prompt_len :]  # keep the end: that is where the question is
+            # Keep the end (where the question is) and the leading bos, if any.
+            bos = self.tokenizer.bos_token_id
+            keep_bos = bos is not None and ids[0] == bos and self.max_prompt_len > 1
+            tail = ids[len(ids) - (self.max_prompt_len - int(keep_bos)) :]
+            ids = [bos, *tail] if keep_bos else tail
         out["prompt_ids"] = np.asarray(ids, dtype=np.int32)
         return out
 
@@ -132,15 +136,14 @@ def make_prompt_iterator(
       one). ``StopIteration`` after ``num_epochs`` passes.
     """
     if not 0 <= process_index < process_count:
-        raise ValueError(f"need 0 <= process_index < process_count, got {process_index}, "
-                         f"{process_count}")
+        raise ValueError(
+            f"need 0 <= process_index < process_count, got {process_index}, {process_count}"
+        )
     if num_epochs is not None and num_epochs < 1:
         raise ValueError(f"num_epochs must be >= 1 or None, got {num_epochs}")
     ds = _as_map_dataset(examples_source)
     if len(ds) < process_count:
-        raise DataError(
-            f"dataset has {len(ds)} examples, fewer than process_count={process_count}"
-        )
+        raise DataError(f"dataset has {len(ds)} examples, fewer than process_count={process_count}")
     ds = ds[process_index::process_count]
     if shuffle:
         ds = ds.shuffle(seed=int(seed))
@@ -164,9 +167,7 @@ def sft_example_ids(
 ) -> tuple[list[int], list[int]]:
     """``(prompt_ids, completion_ids)`` for SFT: completion = solution tokens + eos."""
     if solution_key not in example:
-        raise DataError(
-            f"SFT needs a {solution_key!r} column; example keys: {sorted(example)}"
-        )
+        raise DataError(f"SFT needs a {solution_key!r} column; example keys: {sorted(example)}")
     prompt_ids = encode_prompt(tokenizer, example["prompt"], chat_template)
     completion = encode_text(tokenizer, str(example[solution_key]))
     if tokenizer.eos_token_id is not None:
@@ -224,7 +225,9 @@ def make_sft_batches(
             rows = []
             for i in idx:
                 p, c = sft_example_ids(
-                    tokenizer, examples[int(i)], chat_template=chat_template,
+                    tokenizer,
+                    examples[int(i)],
+                    chat_template=chat_template,
                     solution_key=solution_key,
                 )
                 if seq_len is not None and len(p) + len(c) > seq_len:
@@ -248,13 +251,15 @@ def make_sft_batches(
 _ALIASES: dict[str, tuple[str, ...]] = {
     "task": ("task", "task_name"),
     "task_options": ("task_options", "task_kwargs"),
-    "train_path": ("train_path", "train_file", "path", "dataset_path"),
-    "eval_path": ("eval_path", "eval_file"),
+    "min_steps": ("task_min_steps", "min_steps"),
+    "max_steps": ("task_max_steps", "max_steps"),
+    "train_path": ("train_file", "train_path", "path", "dataset_path"),
+    "eval_path": ("eval_file", "eval_path"),
     "prompt_column": ("prompt_column",),
     "answer_column": ("answer_column",),
     "seed": ("seed", "data_seed"),
-    "train_size": ("train_size", "num_train_examples", "num_train"),
-    "eval_size": ("eval_size", "num_eval_examples", "num_eval"),
+    "train_size": ("num_train", "train_size", "num_train_examples"),
+    "eval_size": ("num_eval", "eval_size", "num_eval_examples"),
 }
 _MISSING = object()
 
@@ -267,34 +272,52 @@ def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
     return default
 
 
-def load_examples(data_cfg_like: Any, split: str = "train") -> Sequence[dict[str, Any]]:
+def load_examples(
+    data_cfg_like: Any, split: str = "train", *, seed: int | None = None
+) -> Sequence[dict[str, Any]]:
     """The example source for a data config (dataclass, namespace or mapping).
 
-    Recognised fields (first alias found wins; ``None`` counts as unset):
-      ``task`` (built-in task name) and ``task_options`` (dict for :func:`get_task`), or
-      ``train_path`` / ``eval_path`` (``.jsonl`` or ``.parquet``) with ``prompt_column``
-      (default ``"prompt"``) and ``answer_column`` (default ``"answer"``);
-      ``seed`` (train data seed, default 0), ``train_size`` / ``eval_size`` (built-in tasks).
-      A file takes precedence over a task for that split, so a task can be paired with a file.
+    Recognised fields (``sagc_jax.config.DataConfig`` names first; ``None`` counts as unset):
+      ``task`` (built-in task name) with ``task_min_steps`` / ``task_max_steps`` and optional
+      ``task_options`` (dict for :func:`get_task`), or ``train_file`` / ``eval_file``
+      (``.jsonl`` or ``.parquet``) with ``prompt_column`` (default ``"prompt"``) and
+      ``answer_column`` (default ``"answer"``); ``num_eval`` / ``num_train`` (built-in task sizes;
+      defaults 512 / 100k). A file takes precedence over a task for that split.
+      A whole ``Config`` (with ``.data`` and ``.run.seed``) is accepted too.
+
+    Args:
+      seed: train-data seed for a built-in task (default: the config's ``seed``/``run.seed``, 0).
 
     Returns:
       A random-access sequence of example dicts (lazy for built-in train splits).
+
+    Raises:
+      DataError: nothing configured for the split, or a file problem.
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    path = _cfg_get(data_cfg_like, f"{split}_path")
+    cfg = data_cfg_like
+    if not isinstance(cfg, Mapping) and hasattr(cfg, "data") and not hasattr(cfg, "task"):
+        if seed is None and hasattr(getattr(cfg, "run", None), "seed"):
+            seed = cfg.run.seed
+        cfg = cfg.data
+    path = _cfg_get(cfg, f"{split}_path")
     if path is not None:
         return read_examples(
             os.fspath(path),
-            _cfg_get(data_cfg_like, "prompt_column", "prompt"),
-            _cfg_get(data_cfg_like, "answer_column", "answer"),
+            _cfg_get(cfg, "prompt_column", "prompt"),
+            _cfg_get(cfg, "answer_column", "answer"),
         )
-    name = _cfg_get(data_cfg_like, "task")
+    name = _cfg_get(cfg, "task")
     if name is None:
-        raise DataError(f"no {split} data configured: set a built-in task or {split}_path")
-    task = get_task(name, **dict(_cfg_get(data_cfg_like, "task_options", {})))
+        raise DataError(f"no {split} data configured: set a built-in task or {split}_file")
+    options = dict(_cfg_get(cfg, "task_options", {}))
+    for key in ("min_steps", "max_steps"):
+        val = _cfg_get(cfg, key)
+        if val is not None:
+            options.setdefault(key, int(val))
+    task = get_task(name, **options)
     if split == "train":
-        return task.train_examples(
-            int(_cfg_get(data_cfg_like, "seed", 0)), _cfg_get(data_cfg_like, "train_size")
-        )
-    return task.eval_examples(_cfg_get(data_cfg_like, "eval_size"))
+        seed = int(seed if seed is not None else _cfg_get(cfg, "seed", 0))
+        return task.train_examples(seed, _cfg_get(cfg, "train_size"))
+    return task.eval_examples(_cfg_get(cfg, "eval_size"))

@@ -69,7 +69,9 @@ def encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False))
 
 
-def encode_prompt(tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False) -> list[int]:
+def encode_prompt(
+    tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False
+) -> list[int]:
     """Token ids of a prompt, ready for generation.
 
     With ``chat_template`` the text becomes a single user message rendered by the tokenizer's chat

@@ -29,7 +29,7 @@ def group_ids_for(num_prompts: int, group_size: int) -> np.ndarray:
         ``int32[num_prompts * group_size]``.
     """
     if num_prompts < 0 or group_size <= 0:
-        raise ValueError(f"need num_prompts >= 0 and group_size > 0, got {num_prompts}, {group_size}")
+        raise ValueError(f"need num_prompts >= 0, group_size > 0; got {num_prompts}, {group_size}")
     return np.repeat(np.arange(num_prompts, dtype=np.int32), group_size)
 
 
@@ -82,8 +82,9 @@ def group_advantages(
     if kind not in ("grpo", "dr_grpo"):
         raise ValueError(f"kind must be 'grpo' or 'dr_grpo', got {kind!r}")
     valid = jnp.asarray(valid, dtype=bool)
-    ids, _, mean, std = _group_stats(jnp.asarray(rewards), jnp.asarray(group_ids), valid,
-                                     num_groups, ddof)
+    ids, _, mean, std = _group_stats(
+        jnp.asarray(rewards), jnp.asarray(group_ids), valid, num_groups, ddof
+    )
     adv = jnp.asarray(rewards, jnp.float32) - mean[ids]
     if kind == "grpo":
         adv = adv / (std[ids] + eps)

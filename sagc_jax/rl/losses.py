@@ -29,7 +29,8 @@ def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1
     Uses logsumexp + take_along_axis (no ``[R, T, V]`` one-hot), computed in float32.
 
     Args:
-        logits: ``[R, T, V]`` (any float dtype; upcast to f32). Position t predicts ``targets[:, t]``.
+        logits: ``[R, T, V]`` (any float dtype; upcast to f32); position t scores
+            ``targets[:, t]``.
         targets: ``int[R, T]`` token ids in ``[0, V)``.
         temperature: sampling temperature (> 0); must match the sampler so ratios are on-policy.
             Use 1.0 for greedy sampling.

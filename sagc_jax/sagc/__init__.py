@@ -1,0 +1,56 @@
+"""Straggler-Aware Group Control: the controller (pure state + update functions) and the
+offline simulator. See docs/sagc.md."""
+
+from sagc_jax.sagc.controller import (
+    REASONS,
+    Observation,
+    SAGCConfig,
+    SAGCPolicy,
+    State,
+    StaticPolicy,
+    choose,
+    config_from_dict,
+    counterfactual_risk,
+    hypergeom_none,
+    init_state,
+    make_policy,
+    observe,
+    posterior_risk,
+    predicted_benefit,
+    predicted_cost,
+    prompts_for,
+    record_choice,
+    step_straggler_rate,
+    straggler_events,
+)
+
+__all__ = [
+    "REASONS",
+    "Observation",
+    "SAGCConfig",
+    "SAGCPolicy",
+    "State",
+    "StaticPolicy",
+    "choose",
+    "config_from_dict",
+    "counterfactual_risk",
+    "hypergeom_none",
+    "init_state",
+    "make_policy",
+    "observe",
+    "posterior_risk",
+    "predicted_benefit",
+    "predicted_cost",
+    "prompts_for",
+    "record_choice",
+    "simulate_main",
+    "step_straggler_rate",
+    "straggler_events",
+]
+
+
+def simulate_main(argv: list[str]) -> int:
+    """``sagc-jax simulate`` entry point (imported lazily: pulls in matplotlib only if plotting)."""
+    from sagc_jax.sagc.simulate import simulate_main as _main
+
+    return _main(argv)

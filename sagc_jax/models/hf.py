@@ -1,0 +1,279 @@
+"""HF checkpoint import/export for the Llama / Qwen2 `Transformer` (safetensors, no torch).
+
+Import reads `config.json` plus `model.safetensors` (or a sharded `model.safetensors.index.json`)
+tensor by tensor: each of our stacked params is assembled on the host from its L per-layer HF
+tensors, cast to float32, transposed to our [in, out] kernel layout and placed on its device(s)
+before the next one is read, so the host never holds the whole model twice.
+
+Export writes the inverse: torch names, [out, in] kernels, float32, `metadata={"format": "pt"}`,
+which `transformers.AutoModelForCausalLM.from_pretrained` loads directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from sagc_jax.models.config import ModelConfig, from_hf_dict, to_hf_dict
+from sagc_jax.models.llama import Transformer
+from sagc_jax.models.sharding import state_shardings
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# Our per-layer param name -> (HF name under `model.layers.{i}.`, stored transposed?).
+_LAYER_NAMES: dict[str, tuple[str, bool]] = {
+    "attn_norm": ("input_layernorm.weight", False),
+    "mlp_norm": ("post_attention_layernorm.weight", False),
+    "q_proj": ("self_attn.q_proj.weight", True),
+    "k_proj": ("self_attn.k_proj.weight", True),
+    "v_proj": ("self_attn.v_proj.weight", True),
+    "o_proj": ("self_attn.o_proj.weight", True),
+    "q_bias": ("self_attn.q_proj.bias", False),
+    "k_bias": ("self_attn.k_proj.bias", False),
+    "v_bias": ("self_attn.v_proj.bias", False),
+    "o_bias": ("self_attn.o_proj.bias", False),
+    "gate_proj": ("mlp.gate_proj.weight", True),
+    "up_proj": ("mlp.up_proj.weight", True),
+    "down_proj": ("mlp.down_proj.weight", True),
+    "gate_bias": ("mlp.gate_proj.bias", False),
+    "up_bias": ("mlp.up_proj.bias", False),
+    "down_bias": ("mlp.down_proj.bias", False),
+}
+# Our top-level param name -> (HF name, stored transposed?).
+_TOP_NAMES: dict[str, tuple[str, bool]] = {
+    "embed": ("model.embed_tokens.weight", False),
+    "final_norm": ("model.norm.weight", False),
+    "lm_head": ("lm_head.weight", True),
+}
+# Buffers some checkpoints carry that we recompute (RoPE) and can safely skip.
+_HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
+_TIED_HEAD = "lm_head.weight"
+
+
+def _hf_names(path: str, num_layers: int) -> tuple[list[str], bool]:
+    """HF tensor names making up our param `path` (one per layer for stacked ones)."""
+    if path.startswith("layers."):
+        name, transposed = _LAYER_NAMES[path.removeprefix("layers.")]
+        return [f"model.layers.{i}.{name}" for i in range(num_layers)], transposed
+    name, transposed = _TOP_NAMES[path]
+    return [name], transposed
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _flatten(v, key + ".")
+        else:
+            yield key, v
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return out
+
+
+class _SafetensorsReader:
+    """Name -> (file, lazy handle) over one or several safetensors files.
+
+    Uses safetensors' numpy framework; numpy has no bfloat16, so BF16 tensors are read straight
+    from the file (memory-mapped, via the safetensors header) as `ml_dtypes.bfloat16`.
+    """
+
+    def __init__(self, directory: str, stack: contextlib.ExitStack):
+        index_path = os.path.join(directory, INDEX_FILE)
+        single_path = os.path.join(directory, WEIGHTS_FILE)
+        if os.path.exists(single_path):
+            self.source = single_path
+            files = {WEIGHTS_FILE}
+            self._handles = {WEIGHTS_FILE: stack.enter_context(
+                safe_open(single_path, framework="numpy"))}
+            self.file_of = dict.fromkeys(self._handles[WEIGHTS_FILE].keys(), WEIGHTS_FILE)
+        elif os.path.exists(index_path):
+            self.source = index_path
+            with open(index_path) as f:
+                weight_map: dict[str, str] = json.load(f)["weight_map"]
+            files = set(weight_map.values())
+            self._handles = {}
+            for fname in sorted(files):
+                fpath = os.path.join(directory, fname)
+                if not os.path.exists(fpath):
+                    raise FileNotFoundError(f"{fpath} is listed in {index_path} but missing")
+                self._handles[fname] = stack.enter_context(safe_open(fpath, framework="numpy"))
+            self.file_of = dict(weight_map)
+        else:
+            raise FileNotFoundError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in {directory}")
+        self.directory = directory
+        self._keys = {fname: set(h.keys()) for fname, h in self._handles.items()}
+        self._headers: dict[str, tuple[int, dict[str, Any]]] = {}
+
+    def where(self, name: str) -> str:
+        """The file a tensor lives in (or would, for error messages)."""
+        fname = self.file_of.get(name)
+        return os.path.join(self.directory, fname) if fname else self.source
+
+    def _handle(self, name: str):
+        fname = self.file_of.get(name)
+        if fname is None or name not in self._keys[fname]:
+            raise ValueError(f"tensor '{name}' not found in {self.where(name)}")
+        return fname, self._handles[fname]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(name)[1].get_slice(name).get_shape())
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as float32 numpy (one copy of this tensor only)."""
+        fname, handle = self._handle(name)
+        if handle.get_slice(name).get_dtype() == "BF16":
+            return self._read_bf16(fname, name).astype(np.float32)
+        return np.asarray(handle.get_tensor(name), dtype=np.float32)
+
+    def _read_bf16(self, fname: str, name: str) -> np.ndarray:
+        path = os.path.join(self.directory, fname)
+        if fname not in self._headers:
+            # safetensors layout: u64 little-endian header length, JSON header, then raw data.
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                self._headers[fname] = (8 + n, json.loads(f.read(n)))
+        data_start, header = self._headers[fname]
+        info = header[name]
+        begin, end = info["data_offsets"]
+        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start + begin,
+                        shape=(end - begin,))
+        return raw.view(ml_dtypes.bfloat16).reshape(info["shape"])
+
+
+def from_pretrained(
+    path: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    mesh: Mesh | None = None,
+) -> tuple[Transformer, ModelConfig]:
+    """Loads an HF Llama / Qwen2 checkpoint directory into our `Transformer`.
+
+    Args:
+      path: directory with `config.json` and `model.safetensors` or a sharded
+        `model.safetensors.index.json`.
+      dtype: compute dtype ("float32" / "bfloat16"); params are always float32.
+      mesh: if given, each param is placed with `state_shardings` on this mesh; otherwise on
+        the default device.
+
+    Returns:
+      A tuple `(model, cfg)`.
+
+    Raises:
+      ValueError: unsupported config field (message names it), missing / unexpected tensors,
+        or a tensor whose shape does not match the config (names tensor, expected and got).
+      FileNotFoundError: no config or weights.
+    """
+    path = os.fspath(path)
+    with open(os.path.join(path, CONFIG_FILE)) as f:
+        cfg = from_hf_dict(json.load(f), dtype=dtype)
+
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    abstract_params = dict(_flatten(nnx.to_pure_dict(state)))
+    shardings = (dict(_flatten(state_shardings(nnx.to_pure_dict(state), mesh)))
+                 if mesh is not None else {})
+
+    with contextlib.ExitStack() as stack:
+        reader = _SafetensorsReader(path, stack)
+        # Pass 1, headers only: every name present with the right shape, nothing unexpected.
+        plan: dict[str, tuple[list[str], bool]] = {}
+        for p, sds in abstract_params.items():
+            names, transposed = _hf_names(p, cfg.num_layers)
+            plan[p] = names, transposed
+            want = tuple(sds.shape[1:] if p.startswith("layers.") else sds.shape)
+            want = want[::-1] if transposed else want
+            for n in names:
+                got = reader.shape(n)
+                if got != want:
+                    raise ValueError(f"tensor '{n}' in {reader.where(n)} has shape {list(got)}, "
+                                     f"expected {list(want)} from the config")
+        expected = {n for names, _ in plan.values() for n in names}
+        extra = sorted(n for n in set(reader.file_of) - expected
+                       if not n.endswith(_HARMLESS_SUFFIXES))
+        tied_head = cfg.tie_word_embeddings and _TIED_HEAD in extra
+        if tied_head:
+            extra.remove(_TIED_HEAD)  # checked against the embedding below
+        if extra:
+            shown = ", ".join(repr(n) for n in extra[:8])
+            more = f" (+{len(extra) - 8} more)" if len(extra) > 8 else ""
+            raise ValueError(f"unexpected tensors in {reader.source} for this {cfg.model_type} "
+                             f"config: {shown}{more}")
+
+        # Pass 2: one param at a time; a preallocated host buffer, so peak host memory is one
+        # param plus one tensor, freed once the param is on its device(s).
+        values: dict[str, jax.Array] = {}
+        for p, (names, transposed) in plan.items():
+            value = np.empty(abstract_params[p].shape, np.float32)
+            for i, n in enumerate(names):
+                t = reader.get(n)
+                value[i if p.startswith("layers.") else ...] = t.T if transposed else t
+            values[p] = (jax.device_put(value, shardings[p]) if mesh is not None
+                         else jax.device_put(value))
+            del value
+
+        if tied_head and not np.array_equal(reader.get(_TIED_HEAD), np.asarray(values["embed"])):
+            # Some tied checkpoints still store the head; fine only if it *is* the embedding.
+            raise ValueError(f"tensor '{_TIED_HEAD}' in {reader.where(_TIED_HEAD)} differs from "
+                             "the embedding but config has tie_word_embeddings=true")
+
+    nnx.replace_by_pure_dict(state, _unflatten(values))
+    return nnx.merge(graphdef, state), cfg
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    """Full float32 numpy copy of a (possibly sharded, possibly multi-host) array."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x), dtype=np.float32)
+
+
+def save_pretrained(model: Transformer, path: str | os.PathLike, *, tokenizer: Any = None) -> None:
+    """Writes `config.json` + `model.safetensors` in HF layout (float32, torch names, [out, in]).
+
+    Tied models write no `lm_head.weight` (as transformers does). Sharded params are gathered to
+    the host; with several processes only process 0 writes. If `tokenizer` is given, its
+    `save_pretrained(path)` is called too.
+    """
+    path = os.fspath(path)
+    cfg: ModelConfig = model.cfg
+    hf_config = to_hf_dict(cfg)  # validates exportability before any gathering
+    tensors: dict[str, np.ndarray] = {}
+    for p, x in _flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param))):
+        names, transposed = _hf_names(p, cfg.num_layers)
+        arr = _to_host(x)
+        parts = list(arr) if p.startswith("layers.") else [arr]
+        for n, t in zip(names, parts, strict=True):
+            tensors[n] = np.ascontiguousarray(t.T if transposed else t)
+    if jax.process_index() != 0:
+        return
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+        json.dump(hf_config, f, indent=2)
+    save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)

@@ -1,0 +1,269 @@
+"""The jitted, mesh-sharded GRPO/DAPO update and the forward passes around it.
+
+One `jax.jit` per (rows, sequence length) shape, with explicit in/out shardings and donated
+params/optimizer state. Advantages are computed inside the step (per group, with that step's G),
+so nothing on the host needs a compile when G changes.
+
+Sequence layout of a rollout batch (all [R, ...], rows prompt-major):
+    tokens [R, Lp + N] = left-padded prompt (Lp = prompt bucket) | completion right-padded to N
+    Position Lp + t - 1 predicts completion token t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from sagc_jax.models.sharding import batch_sharding, replicated
+from sagc_jax.rl.advantages import group_advantages
+from sagc_jax.rl.losses import policy_loss, token_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    """Static (hashable) loss settings: a change means a different compiled step."""
+
+    epsilon: float = 0.2
+    epsilon_high: float = 0.28
+    loss_agg: str = "token-mean"
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    advantage: str = "grpo"
+    adv_eps: float = 1e-6
+    temperature: float = 1.0
+    max_tokens: int = 128  # Dr. GRPO's constant normaliser (max_new_tokens)
+
+
+# Names and ranks of the arrays a rollout batch carries into the step.
+BATCH_FIELDS = {
+    "tokens": 2, "prompt_pad": 1, "lengths": 1, "old_logprobs": 2, "ref_logprobs": 2,
+    "rewards": 1, "group_ids": 1, "valid": 1, "loss_rows": 1,
+}
+
+
+def sequence_inputs(tokens: jax.Array, prompt_pad: jax.Array, lengths: jax.Array,
+                    prompt_len: int) -> tuple[jax.Array, jax.Array]:
+    """positions [R, T] and kv_mask [R, T] for a left-padded prompt + right-padded completion."""
+    slots = jnp.arange(tokens.shape[1])[None, :]
+    positions = jnp.maximum(slots - prompt_pad[:, None], 0)
+    kv_mask = (slots >= prompt_pad[:, None]) & (slots < prompt_len + lengths[:, None])
+    return positions, kv_mask
+
+
+def completion_logprobs(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
+                        prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int,
+                        temperature: float) -> jax.Array:
+    """Log-probs [R, N] of the completion tokens under softmax(logits / temperature)."""
+    model = nnx.merge(graphdef, params)
+    positions, kv_mask = sequence_inputs(tokens, prompt_pad, lengths, prompt_len)
+    logits = model(tokens[:, :-1], positions=positions[:, :-1], kv_mask=kv_mask[:, :-1])
+    return token_logprobs(logits[:, prompt_len - 1:], tokens[:, prompt_len:], temperature)
+
+
+def _completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Array:
+    return (jnp.arange(n)[None, :] < lengths[:, None]) & loss_rows[:, None]
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
+                    settings: LossSettings, *, num_groups: int, prompt_len: int,
+                    micro_batches: int = 1) -> Callable:
+    """Returns `step(params, opt_state, batch) -> (params, opt_state, metrics)` (not jitted).
+
+    `num_groups` (prompts in the batch), `prompt_len` (Lp) and `micro_batches` are static.
+    Micro-batch losses use full-batch normalisers, so accumulated gradients equal the full-batch
+    gradient exactly. A non-finite loss or gradient leaves params and optimizer state unchanged and
+    reports `finite = 0`; the host turns that into an error after saving the last good state.
+    """
+    s = settings
+
+    def loss_fn(params, mb, norms):
+        logp = completion_logprobs(graphdef, params, mb["tokens"], mb["prompt_pad"],
+                                   mb["lengths"], prompt_len, s.temperature)
+        mask = _completion_mask(mb["lengths"], mb["loss_rows"], logp.shape[1])
+        return policy_loss(
+            logp, mb["old_logprobs"], mb["advantages"], mask,
+            epsilon=s.epsilon, epsilon_high=s.epsilon_high, loss_agg=s.loss_agg,
+            ref_logprobs=mb["ref_logprobs"] if s.beta > 0 else None, beta=s.beta,
+            kl_estimator=s.kl_estimator, total_tokens=norms[0], total_seqs=norms[1],
+            max_tokens=s.max_tokens)
+
+    def step(params, opt_state, batch):
+        adv = group_advantages(batch["rewards"], batch["group_ids"], batch["valid"],
+                               num_groups=num_groups, kind=s.advantage, eps=s.adv_eps)
+        n = batch["old_logprobs"].shape[1]
+        mask = _completion_mask(batch["lengths"], batch["loss_rows"], n)
+        norms = (mask.sum().astype(jnp.float32),
+                 (mask.sum(-1) > 0).sum().astype(jnp.float32))
+        data = {k: batch[k] for k in BATCH_FIELDS if k not in ("rewards", "group_ids", "valid")}
+        data["advantages"] = adv
+        split = jax.tree.map(lambda x: x.reshape(micro_batches, -1, *x.shape[1:]), data)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+        def accumulate(carry, mb):
+            grads, loss, metrics = carry
+            (l, m), g = grad_fn(params, mb, norms)
+            return (jax.tree.map(jnp.add, grads, g), loss + l,
+                    jax.tree.map(jnp.add, metrics, m)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        zero_m = {k: jnp.zeros((), jnp.float32) for k in ("pg_loss", "kl", "clip_frac",
+                                                          "ratio_mean")}
+        (grads, loss, metrics), _ = jax.lax.scan(
+            accumulate, (zeros, jnp.zeros((), jnp.float32), zero_m), split)
+        grad_norm = optax.tree.norm(grads)
+        updates, new_opt = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        valid = batch["valid"].astype(jnp.float32)
+        metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
+                   "finite": finite.astype(jnp.float32),
+                   "adv_abs_mean": (jnp.abs(adv) * valid).sum() / jnp.maximum(valid.sum(), 1.0),
+                   "loss_tokens": norms[0]}
+        return keep(new_params, params), keep(new_opt, opt_state), metrics
+
+    return step
+
+
+def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation) -> Callable:
+    """`step(params, opt_state, tokens [B,T], loss_mask [B,T]) -> (params, opt_state, loss)`.
+
+    Next-token cross-entropy on right-padded sequences, averaged over loss_mask tokens (the
+    solution + EOS), for the supervised warm start.
+    """
+
+    def loss_fn(params, tokens, loss_mask):
+        model = nnx.merge(graphdef, params)
+        logits = model(tokens[:, :-1])
+        logp = token_logprobs(logits, tokens[:, 1:], 1.0)
+        m = loss_mask[:, 1:].astype(jnp.float32)
+        return -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
+
+    def step(params, opt_state, tokens, loss_mask):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, loss_mask)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+@dataclasses.dataclass
+class CompiledSteps:
+    """Jitted train / logprob functions over a mesh, one compile per batch shape.
+
+    Shardings are explicit: params/opt state by the model's rules, batch rows over data x fsdp,
+    metrics replicated. Params and optimizer state are donated.
+    """
+
+    graphdef: nnx.GraphDef
+    optimizer: optax.GradientTransformation
+    settings: LossSettings
+    mesh: Mesh
+    param_shardings: Any
+    opt_shardings: Any
+    micro_batch_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        self._train: dict[tuple, Callable] = {}
+        self._logp: dict[tuple, Callable] = {}
+        # Ahead-of-time executables from warm_up: a jit's own cache does not see them.
+        self._compiled: dict[tuple, Callable] = {}
+
+    def batch_shardings(self, rows: int) -> dict[str, NamedSharding]:
+        n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if rows % n_shards:
+            # Rows that don't split evenly stay replicated: correct, just not data-parallel.
+            return {k: replicated(self.mesh) for k in BATCH_FIELDS}
+        return {k: batch_sharding(self.mesh, nd) for k, nd in BATCH_FIELDS.items()}
+
+    def micro_batches(self, rows: int) -> int:
+        mb = self.micro_batch_rows
+        if mb is None or mb >= rows:
+            return 1
+        if rows % mb:
+            raise ValueError(f"algo.micro_batch_rows: {mb} must divide the batch rows {rows} "
+                             "(prompts x group size) of every declared shape")
+        return rows // mb
+
+    def _jit_train(self, rows: int, num_groups: int, prompt_len: int) -> Callable:
+        key = (rows, num_groups, prompt_len)
+        if key not in self._train:
+            step = make_train_step(self.graphdef, self.optimizer, self.settings,
+                                   num_groups=num_groups, prompt_len=prompt_len,
+                                   micro_batches=self.micro_batches(rows))
+            rep = replicated(self.mesh)
+            self._train[key] = jax.jit(
+                step,
+                in_shardings=(self.param_shardings, self.opt_shardings,
+                              self.batch_shardings(rows)),
+                out_shardings=(self.param_shardings, self.opt_shardings, rep),
+                donate_argnums=(0, 1))
+        return self._train[key]
+
+    def _jit_logprob(self, rows: int, prompt_len: int) -> Callable:
+        key = (rows, prompt_len)
+        if key not in self._logp:
+            bs = self.batch_shardings(rows)
+            fn = lambda p, t, pad, ln: completion_logprobs(  # noqa: E731
+                self.graphdef, p, t, pad, ln, prompt_len, self.settings.temperature)
+            self._logp[key] = jax.jit(
+                fn, in_shardings=(self.param_shardings, bs["tokens"], bs["prompt_pad"],
+                                  bs["lengths"]),
+                out_shardings=bs["old_logprobs"])
+        return self._logp[key]
+
+    def train_fn(self, rows: int, num_groups: int, prompt_len: int,
+                 completion_len: int | None = None) -> Callable:
+        """`fn(params, opt_state, batch) -> (params, opt_state, metrics)` for one shape: the
+        ahead-of-time executable when `warm_up` made one (a jit's cache does not see those)."""
+        exe = self._compiled.get(("train", rows, num_groups, prompt_len, completion_len))
+        return exe or self._jit_train(rows, num_groups, prompt_len)
+
+    def logprob_fn(self, rows: int, prompt_len: int,
+                   completion_len: int | None = None) -> Callable:
+        """`fn(params, tokens, prompt_pad, lengths) -> logprobs [R, N]` (old / reference)."""
+        exe = self._compiled.get(("logp", rows, prompt_len, completion_len))
+        return exe or self._jit_logprob(rows, prompt_len)
+
+    def warm_up(self, params: Any, opt_state: Any, rows: int, num_groups: int, prompt_len: int,
+                completion_len: int, need_logprobs: bool) -> None:
+        """Compiles (ahead of time) the step for one shape, without running it."""
+        spec = abstract_batch(rows, prompt_len + completion_len, completion_len)
+        shard = self.batch_shardings(rows)
+        spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shard[k])
+                for k, v in spec.items()}
+        self._compiled[("train", rows, num_groups, prompt_len, completion_len)] = (
+            self._jit_train(rows, num_groups, prompt_len).lower(params, opt_state, spec).compile())
+        if need_logprobs:
+            self._compiled[("logp", rows, prompt_len, completion_len)] = (
+                self._jit_logprob(rows, prompt_len).lower(
+                    params, spec["tokens"], spec["prompt_pad"], spec["lengths"]).compile())
+
+
+def abstract_batch(rows: int, seq_len: int, completion_len: int) -> dict[str, Any]:
+    """ShapeDtypeStructs of a rollout batch (for ahead-of-time compilation)."""
+    i32, f32 = jnp.int32, jnp.float32
+    return {
+        "tokens": jax.ShapeDtypeStruct((rows, seq_len), i32),
+        "prompt_pad": jax.ShapeDtypeStruct((rows,), i32),
+        "lengths": jax.ShapeDtypeStruct((rows,), i32),
+        "old_logprobs": jax.ShapeDtypeStruct((rows, completion_len), f32),
+        "ref_logprobs": jax.ShapeDtypeStruct((rows, completion_len), f32),
+        "rewards": jax.ShapeDtypeStruct((rows,), f32),
+        "group_ids": jax.ShapeDtypeStruct((rows,), i32),
+        "valid": jax.ShapeDtypeStruct((rows,), jnp.bool_),
+        "loss_rows": jax.ShapeDtypeStruct((rows,), jnp.bool_),
+    }
+
+
+def to_device_batch(batch: dict[str, np.ndarray], shardings: dict[str, NamedSharding]) -> dict:
+    """Host numpy batch -> global arrays with the step's shardings (single process)."""
+    return {k: jax.device_put(np.asarray(batch[k]), shardings[k]) for k in BATCH_FIELDS}

@@ -1,0 +1,408 @@
+"""Offline SAGC simulator: every static g in ``sagc.group_sizes`` vs SAGC on the same workload.
+
+``sagc-jax simulate --config FILE [key=value ...] [--out result.json] [--plot out.png]``
+(also ``python -m sagc_jax.sagc.simulate``). Config schema (all keys optional, defaults shown by
+``DEFAULT_SIM``): ``steps, seed, tolerance, plot_window, workload: {...}, timing: {...}, sagc:
+{...}``; see docs/sagc.md. Policies see identical workload randomness (``workload.py``).
+
+Per step and policy: rollout seconds = prefill(rows) + decode_steps x t_decode(rows), with
+decode_steps the batch's longest row rounded up to ``timing.decode_chunk``; realised benefit =
+Σ over groups [rewards not all equal] x (1 - 1/g); straggler rate = fraction of groups with an
+event (the controller's definition).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from sagc_jax.sagc.controller import (
+    Observation,
+    SAGCConfig,
+    SAGCPolicy,
+    StaticPolicy,
+    config_from_dict,
+    prompts_for,
+)
+from sagc_jax.sagc.timing import TimeModel, time_model_from_dict
+from sagc_jax.sagc.workload import (
+    StepDraw,
+    SyntheticWorkload,
+    TraceWorkload,
+    WorkloadParams,
+    params_from_dict,
+)
+
+DEFAULT_SIM: dict[str, Any] = {
+    "steps": 1500,
+    "seed": 0,
+    "tolerance": 0.02,  # meets_delta: straggler_rate <= sagc.delta + tolerance
+    "plot_window": 50,  # rolling window (steps) of the straggler-rate plot
+    "workload": {
+        "prompts_per_step": 16,
+        "max_new_tokens": 512,
+        "median_length": 120,
+        "prompt_spread": 0.3,
+        "group_spread": 0.4,
+        "loop_prob": 0.02,
+        "pass_rate": {"a": 1.0, "b": 1.0},
+        "drift": [],
+    },
+    "timing": {},
+    "sagc": {},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """Validated simulator config."""
+
+    steps: int
+    seed: int
+    tolerance: float
+    plot_window: int
+    prompts_per_step: int
+    workload: SyntheticWorkload | TraceWorkload
+    timing: TimeModel
+    sagc: SAGCConfig
+    drift_steps: tuple[int, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# Config parsing
+# --------------------------------------------------------------------------------------------
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed with yaml.safe_load) to a nested dict."""
+    raw = copy.deepcopy(raw)
+    for ov in overrides:
+        if "=" not in ov:
+            raise ValueError(f"override {ov!r}: expected key=value")
+        key, _, val = ov.partition("=")
+        parts = key.strip().split(".")
+        node = raw
+        for i, p in enumerate(parts[:-1]):
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ValueError(f"{'.'.join(parts[: i + 1])}: not a mapping, cannot set {key}")
+            node = nxt
+        node[parts[-1]] = yaml.safe_load(val)
+    return raw
+
+
+def _int(v: Any, name: str, lo: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"{name}: an integer >= {lo}, got {v!r}")
+    return v
+
+
+def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimConfig:
+    """Validate a raw simulate config mapping; errors are ``ValueError("<key>: ..., got ..")``."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"config: a mapping, got {type(raw).__name__}")
+    for key in raw:
+        if key not in DEFAULT_SIM:
+            raise ValueError(f"{key}: unknown key (allowed: {', '.join(DEFAULT_SIM)})")
+    steps = _int(raw.get("steps", DEFAULT_SIM["steps"]), "steps", 1)
+    seed = _int(raw.get("seed", DEFAULT_SIM["seed"]), "seed", 0)
+    tol = raw.get("tolerance", DEFAULT_SIM["tolerance"])
+    if not isinstance(tol, int | float) or isinstance(tol, bool) or not 0 <= tol < 1:
+        raise ValueError(f"tolerance: a number in [0, 1), got {tol!r}")
+    window = _int(raw.get("plot_window", DEFAULT_SIM["plot_window"]), "plot_window", 1)
+    sagc_raw = raw.get("sagc") or {}
+    if not isinstance(sagc_raw, dict):
+        raise ValueError(f"sagc: a mapping, got {sagc_raw!r}")
+    sagc = config_from_dict(sagc_raw, SAGCConfig(seed=seed))
+
+    wl = raw.get("workload") or {}
+    if not isinstance(wl, dict):
+        raise ValueError(f"workload: a mapping, got {wl!r}")
+    wl_defaults = DEFAULT_SIM["workload"]
+    for key in wl:
+        if key not in wl_defaults and key != "trace":
+            raise ValueError(
+                f"workload.{key}: unknown key (allowed: {', '.join(wl_defaults)}, trace)"
+            )
+    pps = _int(
+        wl.get("prompts_per_step", wl_defaults["prompts_per_step"]), "workload.prompts_per_step", 1
+    )
+    gmax = max(sagc.group_sizes)
+    pmax = max(prompts_for(sagc, g, pps) for g in sagc.group_sizes)
+    drift_steps: list[int] = []
+    if wl.get("trace") is not None:
+        path = Path(str(wl["trace"]))
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
+        if not path.exists():
+            raise ValueError(f"workload.trace: file not found, got {str(wl['trace'])!r}")
+        workload: SyntheticWorkload | TraceWorkload = TraceWorkload(path, pmax, gmax, seed)
+    else:
+        scalars = {k: v for k, v in wl.items() if k not in ("prompts_per_step", "drift")}
+        base = params_from_dict(scalars, WorkloadParams(), "workload")
+        drift_raw = wl.get("drift") or []
+        if not isinstance(drift_raw, list):
+            raise ValueError(
+                f"workload.drift: a list of {{at_step: int, <key>: value}}, got {drift_raw!r}"
+            )
+        drift: list[tuple[int, WorkloadParams]] = []
+        cur = base
+        for i, d in enumerate(
+            sorted(drift_raw, key=lambda d: d.get("at_step", 0) if isinstance(d, dict) else 0)
+        ):
+            where = f"workload.drift[{i}]"
+            if not isinstance(d, dict) or "at_step" not in d:
+                raise ValueError(f"{where}: a mapping with at_step, got {d!r}")
+            at = _int(d["at_step"], f"{where}.at_step", 0)
+            cur = params_from_dict({k: v for k, v in d.items() if k != "at_step"}, cur, where)
+            drift.append((at, cur))
+            drift_steps.append(at)
+        workload = SyntheticWorkload(base, drift, pmax, gmax, seed)
+    timing = time_model_from_dict(raw.get("timing"), base_dir)
+    return SimConfig(
+        steps, seed, float(tol), window, pps, workload, timing, sagc, tuple(drift_steps)
+    )
+
+
+def load_sim_config(path: str | Path, overrides: list[str] | None = None) -> SimConfig:
+    """Read YAML, apply overrides, validate."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as e:
+        raise ValueError(f"--config: cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config: invalid YAML in {path}: {str(e).splitlines()[0]}") from None
+    return parse_sim_config(apply_overrides(raw, overrides or []), path.parent)
+
+
+# --------------------------------------------------------------------------------------------
+# Running policies
+# --------------------------------------------------------------------------------------------
+
+
+def run_step(sim: SimConfig, draw: StepDraw, g: int) -> tuple[Observation, float, float]:
+    """Slice the step's block for group size g; returns (observation, step seconds, benefit)."""
+    b = prompts_for(sim.sagc, g, sim.prompts_per_step)
+    lengths = draw.lengths[:b, :g]
+    truncated = draw.truncated[:b, :g]
+    rewards = draw.rewards[:b, :g]
+    rows = b * g
+    tm = sim.timing
+    steps = tm.decode_steps(int(lengths.max()), draw.max_new_tokens)
+    pre, dec = tm.prefill_s(rows), steps * tm.decode_step_s(rows)
+    informative = (rewards.max(-1) != rewards.min(-1)).sum()
+    benefit = float(informative) * (1.0 - 1.0 / g)
+    obs = Observation(
+        group_size=g,
+        lengths=lengths.reshape(-1),
+        truncated=truncated.reshape(-1),
+        rewards=rewards.reshape(-1),
+        max_new_tokens=draw.max_new_tokens,
+        prefill_s=pre,
+        decode_s=dec,
+        decode_steps=steps,
+        rows=rows,
+        prompts=b,
+        decode_chunk=tm.decode_chunk,
+    )
+    return obs, pre + dec, benefit
+
+
+def make_policies(sagc: SAGCConfig) -> dict[str, SAGCPolicy | StaticPolicy]:
+    """static-g for every candidate g, then "sagc"."""
+    pols: dict[str, SAGCPolicy | StaticPolicy] = {}
+    for g in sagc.group_sizes:
+        pols[f"static-{g}"] = StaticPolicy(
+            dataclasses.replace(sagc, enabled=False, initial_group_size=g)
+        )
+    pols["sagc"] = SAGCPolicy(dataclasses.replace(sagc, enabled=True))
+    return pols
+
+
+def run_policies(
+    sim: SimConfig, policies: dict[str, Any], steps: int | None = None, start: int = 0
+) -> dict[str, dict[str, np.ndarray]]:
+    """Run policies step-synchronously on common random numbers.
+
+    Returns per policy: group_size int [T], straggler_rate float [T], step_s [T], benefit [T],
+    and for SAGC-like policies reason (str [T]).
+    """
+    steps = sim.steps if steps is None else steps
+    traj: dict[str, dict[str, list[Any]]] = {
+        n: {"group_size": [], "straggler_rate": [], "step_s": [], "benefit": [], "reason": []}
+        for n in policies
+    }
+    for t in range(start, start + steps):
+        draw = sim.workload.draw(t)
+        for name, pol in policies.items():
+            g = pol.choose()
+            obs, sec, ben = run_step(sim, draw, g)
+            m = pol.observe(obs)
+            tr = traj[name]
+            tr["group_size"].append(g)
+            tr["straggler_rate"].append(m["straggler_rate"])
+            tr["step_s"].append(sec)
+            tr["benefit"].append(ben)
+            tr["reason"].append((pol.last_info or {}).get("reason", ""))
+    return {n: {k: np.asarray(v) for k, v in d.items()} for n, d in traj.items()}
+
+
+def summarize(sim: SimConfig, traj: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
+    """Per-policy metrics (the JSON written by ``--out``)."""
+    delta = sim.sagc.delta
+    bounds = [0, *[s for s in sim.drift_steps if 0 < s < sim.steps], sim.steps]
+    out: dict[str, Any] = {}
+    for name, tr in traj.items():
+        rate = float(tr["straggler_rate"].mean())
+        res: dict[str, Any] = {
+            "straggler_rate": rate,
+            "step_s": float(tr["step_s"].mean()),
+            "benefit_per_s": float(tr["benefit"].sum() / tr["step_s"].sum()),
+            "benefit_per_step": float(tr["benefit"].mean()),
+            "mean_group_size": float(tr["group_size"].mean()),
+            "meets_delta": bool(rate <= delta + sim.tolerance),
+        }
+        if len(bounds) > 2:
+            res["phases"] = [
+                {
+                    "from_step": a,
+                    "to_step": b,
+                    "straggler_rate": float(tr["straggler_rate"][a:b].mean()),
+                    "benefit_per_s": float(tr["benefit"][a:b].sum() / tr["step_s"][a:b].sum()),
+                    "mean_group_size": float(tr["group_size"][a:b].mean()),
+                }
+                for a, b in itertools.pairwise(bounds)
+                if b > a
+            ]
+        if name == "sagc":
+            res["group_size_trajectory"] = tr["group_size"].astype(int).tolist()
+            reasons, counts = np.unique(tr["reason"], return_counts=True)
+            res["reasons"] = {str(r): int(c) for r, c in zip(reasons, counts)}
+        out[name] = res
+    return out
+
+
+def simulate(sim: SimConfig) -> dict[str, Any]:
+    """Run all static policies and SAGC; returns {"policies": ..., "config": ...}."""
+    traj = run_policies(sim, make_policies(sim.sagc))
+    return {
+        "policies": summarize(sim, traj),
+        "delta": sim.sagc.delta,
+        "tolerance": sim.tolerance,
+        "steps": sim.steps,
+        "sagc_config": {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in dataclasses.asdict(sim.sagc).items()
+        },
+        "_trajectories": traj,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Markdown table of the headline metrics."""
+    pols = result["policies"]
+    best_static = max(
+        (v["benefit_per_s"] for k, v in pols.items() if k != "sagc" and v["meets_delta"]),
+        default=float("nan"),
+    )
+    lines = [
+        "| policy | straggler_rate | meets_delta | step_s | benefit_per_s | vs best static in "
+        "budget | mean_g |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, v in pols.items():
+        rel = v["benefit_per_s"] / best_static if math.isfinite(best_static) else float("nan")
+        lines.append(
+            f"| {name} | {v['straggler_rate']:.3f} | {'yes' if v['meets_delta'] else 'no'} | "
+            f"{v['step_s']:.2f} | {v['benefit_per_s']:.3f} | {rel:.2f}x | "
+            f"{v['mean_group_size']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], sim: SimConfig, path: str | Path) -> None:
+    """PNG: SAGC group size over steps; rolling straggler rate of every policy vs delta."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traj = result["_trajectories"]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    ax1.step(np.arange(sim.steps), traj["sagc"]["group_size"], where="post", color="C3")
+    ax1.set_ylabel("SAGC group size")
+    ax1.set_yticks(list(sim.sagc.group_sizes))
+    w = min(sim.plot_window, sim.steps)
+    kernel = np.ones(w) / w
+    for i, (name, tr) in enumerate(traj.items()):
+        roll = np.convolve(tr["straggler_rate"], kernel, mode="valid")
+        style = (
+            {"lw": 2.0, "color": "C3"}
+            if name == "sagc"
+            else {"lw": 1.0, "color": f"C{i % 3}", "alpha": 0.7}
+        )
+        ax2.plot(np.arange(w - 1, sim.steps), roll, label=name, **style)
+    ax2.axhline(sim.sagc.delta, color="k", ls="--", lw=1, label="delta")
+    ax2.set_ylabel(f"straggler rate ({w}-step mean)")
+    ax2.set_xlabel("step")
+    ax2.legend(fontsize=8, ncol=3)
+    for ax in (ax1, ax2):
+        for s in sim.drift_steps:
+            ax.axvline(s, color="gray", ls=":", lw=1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def simulate_main(argv: list[str]) -> int:
+    """``sagc-jax simulate``: returns the exit code (2 and one line on bad input)."""
+    ap = argparse.ArgumentParser(
+        prog="sagc-jax simulate",
+        description="Compare static group sizes with SAGC on a simulated or replayed workload.",
+    )
+    ap.add_argument("--config", required=True, help="simulation YAML (see docs/sagc.md)")
+    ap.add_argument("overrides", nargs="*", help="dot-path key=value overrides, e.g. steps=300")
+    ap.add_argument("--out", help="write the result JSON here")
+    ap.add_argument("--plot", help="write a PNG (group size, rolling straggler rate) here")
+    args = ap.parse_args(argv)
+    try:
+        sim = load_sim_config(args.config, args.overrides)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    result = simulate(sim)
+    elapsed = time.perf_counter() - t0
+    print(format_table(result))
+    print(f"({sim.steps} steps, delta={sim.sagc.delta}, tolerance={sim.tolerance}, {elapsed:.1f}s)")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        payload = {k: v for k, v in result.items() if not k.startswith("_")}
+        Path(args.out).write_text(json.dumps(payload, indent=1))
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        plot(result, sim, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(simulate_main(sys.argv[1:]))

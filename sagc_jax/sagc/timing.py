@@ -1,0 +1,119 @@
+"""Simulator time model: seconds for prefill and for one decode step as functions of rows.
+
+Default (accelerator-like, memory-bound decode): ``t_decode(rows) = decode_a + decode_b * rows``
+where decode_a is the per-step weight read and decode_b the per-row KV-cache/sampling work;
+``prefill(rows) = prefill_a + prefill_b * rows``. Or a calibration file with measured per-shape
+costs ``{"rows": [...], "decode_step_s": [...], "prefill_s": [...]}``, interpolated piecewise
+linearly and extrapolated with the end segments' slopes (constant if one point).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_TIMING = {
+    "decode_a": 0.02,  # s per decode step at 0 rows (weights read once per step)
+    "decode_b": 2.5e-5,  # s per row per decode step (256 rows: +32% over decode_a)
+    "prefill_a": 0.05,  # s per prefill call
+    "prefill_b": 2.0e-4,  # s per row
+    "decode_chunk": 16,  # decode steps per while_loop iteration (tokens per chunk)
+}
+
+
+def _extrap(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Piecewise-linear interpolation with linear extrapolation; floored at 0."""
+    if len(xs) == 1:
+        return np.full_like(x, ys[0], dtype=np.float64)
+    y = np.interp(x, xs, ys)
+    lo_slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+    hi_slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    y = np.where(x < xs[0], ys[0] + lo_slope * (x - xs[0]), y)
+    y = np.where(x > xs[-1], ys[-1] + hi_slope * (x - xs[-1]), y)
+    return np.maximum(y, 0.0)
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Linear (a + b*rows) or calibrated per-shape time model. Seconds."""
+
+    decode_a: float
+    decode_b: float
+    prefill_a: float
+    prefill_b: float
+    decode_chunk: int
+    cal_rows: tuple[float, ...] = ()
+    cal_decode: tuple[float, ...] = ()
+    cal_prefill: tuple[float, ...] = ()
+
+    def decode_step_s(self, rows: int) -> float:
+        """Seconds per decode step for a batch of ``rows`` rows."""
+        if self.cal_rows:
+            xs, ys = np.array(self.cal_rows), np.array(self.cal_decode)
+            return float(_extrap(np.array([rows], float), xs, ys)[0])
+        return self.decode_a + self.decode_b * rows
+
+    def prefill_s(self, rows: int) -> float:
+        """Seconds to prefill a batch of ``rows`` rows."""
+        if self.cal_rows:
+            xs, ys = np.array(self.cal_rows), np.array(self.cal_prefill)
+            return float(_extrap(np.array([rows], float), xs, ys)[0])
+        return self.prefill_a + self.prefill_b * rows
+
+    def decode_steps(self, max_len: int, max_new_tokens: int) -> int:
+        """Decode steps run: the longest row rounded up to a whole chunk (the while_loop exits
+        only between chunks), at most max_new_tokens rounded up likewise."""
+        c = self.decode_chunk
+        return int(math.ceil(min(max_len, max_new_tokens) / c) * c)
+
+
+def time_model_from_dict(d: dict[str, Any] | None, base_dir: Path | None = None) -> TimeModel:
+    """Validate the ``timing:`` section (errors name ``timing.<key>``)."""
+    d = dict(d or {})
+    allowed = set(DEFAULT_TIMING) | {"calibration"}
+    for key in d:
+        if key not in allowed:
+            raise ValueError(f"timing.{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+    vals = {**DEFAULT_TIMING, **{k: v for k, v in d.items() if k != "calibration"}}
+    for key, v in vals.items():
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"timing.{key}: a number >= 0, got {v!r}")
+    if not isinstance(vals["decode_chunk"], int) or vals["decode_chunk"] < 1:
+        raise ValueError(f"timing.decode_chunk: an integer >= 1, got {vals['decode_chunk']!r}")
+    cal: dict[str, tuple[float, ...]] = {}
+    if "calibration" in d:
+        path = Path(str(d["calibration"]))
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
+        try:
+            raw = json.loads(path.read_text())
+            rows = [float(x) for x in raw["rows"]]
+            dec = [float(x) for x in raw["decode_step_s"]]
+            pre = [float(x) for x in raw["prefill_s"]]
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"timing.calibration: unreadable {path}: {e}") from None
+        if not rows or not (len(rows) == len(dec) == len(pre)):
+            raise ValueError(
+                f"timing.calibration: rows/decode_step_s/prefill_s lengths differ in {path}"
+            )
+        order = np.argsort(rows)
+        if len(np.unique(rows)) != len(rows):
+            raise ValueError(f"timing.calibration: duplicate rows in {path}")
+        cal = {
+            "cal_rows": tuple(np.array(rows)[order].tolist()),
+            "cal_decode": tuple(np.array(dec)[order].tolist()),
+            "cal_prefill": tuple(np.array(pre)[order].tolist()),
+        }
+    return TimeModel(
+        decode_a=float(vals["decode_a"]),
+        decode_b=float(vals["decode_b"]),
+        prefill_a=float(vals["prefill_a"]),
+        prefill_b=float(vals["prefill_b"]),
+        decode_chunk=int(vals["decode_chunk"]),
+        **cal,
+    )

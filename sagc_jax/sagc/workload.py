@@ -1,0 +1,204 @@
+"""Rollout workload models for the SAGC simulator and property tests.
+
+A workload draws, per step, a *maximal* block of rollouts ``[P_max, G_max]`` from a generator
+seeded by ``(seed, step)``; a policy running B prompts at group size g uses the block's top-left
+``[:B, :g]`` corner. Every policy therefore sees the same randomness (common random numbers), and
+a prompt's first g rollouts are the same whatever g is.
+
+Synthetic model (per step, per prompt j, per row i):
+  median_j = median_length * exp(prompt_spread * z_j)          z_j ~ N(0, 1)
+  L_ji     = ceil(median_j * exp(group_spread * z_ji))         z_ji ~ N(0, 1), clipped to >= 1
+  with prob loop_prob the row loops: L_ji = max_new_tokens (truncated)
+  L_ji >= max_new_tokens  -> truncated, L_ji = max_new_tokens
+  p_j ~ Beta(pass_rate.a, pass_rate.b);  reward_ji ~ Bernoulli(p_j), 0 if truncated.
+
+Trace model: bootstrap over groups recorded in a run's ``trace.jsonl``; see ``TraceWorkload``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_SALT_WORKLOAD = 0x3D1
+
+
+@dataclass(frozen=True)
+class StepDraw:
+    """One step's maximal rollout block. lengths int [P, G]; truncated bool; rewards float."""
+
+    lengths: np.ndarray
+    truncated: np.ndarray
+    rewards: np.ndarray
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class WorkloadParams:
+    """Synthetic workload parameters (see module docstring); ``drift`` entries override them."""
+
+    median_length: float = 120.0
+    prompt_spread: float = 0.3
+    group_spread: float = 0.4
+    loop_prob: float = 0.02
+    pass_a: float = 1.0
+    pass_b: float = 1.0
+    max_new_tokens: int = 512
+
+
+class SyntheticWorkload:
+    """Lognormal lengths + looping completions + Beta pass rates, with piecewise-constant drift."""
+
+    def __init__(
+        self,
+        params: WorkloadParams,
+        drift: list[tuple[int, WorkloadParams]],
+        prompts_max: int,
+        group_max: int,
+        seed: int,
+    ):
+        self.base = params
+        self.drift = sorted(drift, key=lambda d: d[0])
+        self.prompts_max, self.group_max, self.seed = prompts_max, group_max, seed
+
+    def params_at(self, step: int) -> WorkloadParams:
+        """Parameters in force at ``step`` (last drift entry with at_step <= step)."""
+        p = self.base
+        for at, q in self.drift:
+            if step >= at:
+                p = q
+        return p
+
+    def draw(self, step: int) -> StepDraw:
+        """Maximal block for ``step``; deterministic in (seed, step)."""
+        p = self.params_at(step)
+        rng = np.random.default_rng((self.seed & 0xFFFFFFFF, step, _SALT_WORKLOAD))
+        shape = (self.prompts_max, self.group_max)
+        z_prompt = rng.standard_normal((self.prompts_max, 1))
+        z_row = rng.standard_normal(shape)
+        u_loop = rng.random(shape)
+        pass_p = rng.beta(p.pass_a, p.pass_b, size=(self.prompts_max, 1))
+        u_rew = rng.random(shape)
+        med = p.median_length * np.exp(p.prompt_spread * z_prompt)
+        lengths = np.maximum(np.ceil(med * np.exp(p.group_spread * z_row)), 1.0)
+        truncated = (u_loop < p.loop_prob) | (lengths >= p.max_new_tokens)
+        lengths = np.where(truncated, p.max_new_tokens, lengths).astype(np.int64)
+        rewards = ((u_rew < pass_p) & ~truncated).astype(np.float64)
+        return StepDraw(lengths, truncated, rewards, int(p.max_new_tokens))
+
+
+class TraceWorkload:
+    """Bootstrap replay of a trainer ``trace.jsonl``.
+
+    Each step draws P_max recorded groups uniformly (with replacement) from all steps. A group
+    contributes its rows in a random order, so size g <= G_rec uses a uniform g-subset. Above the
+    recorded size the extra rows follow the controller's "median x residual" model: the group's
+    median times a residual (L / group median, truncated flag) drawn from all recorded rows, and a
+    Bernoulli reward at the group's pass fraction (reward > 0.5 counts as a pass). This is the
+    one modelling assumption of trace replay; it matters only for g above what was recorded.
+    """
+
+    def __init__(self, path: str | Path, prompts_max: int, group_max: int, seed: int):
+        self.groups = load_trace_groups(path)
+        if not self.groups:
+            raise ValueError(f"workload.trace: no groups in {path}")
+        self.max_new_tokens = max(m for _, _, _, m in self.groups)
+        eps, trs = [], []
+        for lengths, truncated, _, _ in self.groups:
+            med = max(float(np.median(lengths)), 1.0)
+            eps.append(lengths / med)
+            trs.append(truncated)
+        self.pool_eps = np.concatenate(eps)
+        self.pool_tr = np.concatenate(trs)
+        self.prompts_max, self.group_max, self.seed = prompts_max, group_max, seed
+
+    def draw(self, step: int) -> StepDraw:
+        rng = np.random.default_rng((self.seed & 0xFFFFFFFF, step, _SALT_WORKLOAD))
+        gmax, mx = self.group_max, self.max_new_tokens
+        lengths = np.empty((self.prompts_max, gmax), np.int64)
+        truncated = np.empty((self.prompts_max, gmax), bool)
+        rewards = np.empty((self.prompts_max, gmax), np.float64)
+        for j, gi in enumerate(rng.integers(0, len(self.groups), self.prompts_max)):
+            gl, gt, gr, _ = self.groups[gi]
+            perm = rng.permutation(len(gl))[:gmax]
+            n = len(perm)
+            lengths[j, :n], truncated[j, :n], rewards[j, :n] = gl[perm], gt[perm], gr[perm]
+            if n < gmax:
+                med = max(float(np.median(gl)), 1.0)
+                k = rng.integers(0, len(self.pool_eps), gmax - n)
+                ln = med * self.pool_eps[k]
+                tr = self.pool_tr[k] | (ln >= mx)
+                lengths[j, n:] = np.where(tr, mx, np.maximum(np.ceil(ln), 1)).astype(np.int64)
+                truncated[j, n:] = tr
+                pass_frac = float((gr > 0.5).mean())
+                rewards[j, n:] = ((rng.random(gmax - n) < pass_frac) & ~tr).astype(np.float64)
+        return StepDraw(lengths, truncated, rewards, int(mx))
+
+
+def load_trace_groups(path: str | Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+    """Parse trace.jsonl -> [(lengths int [G], truncated bool [G], rewards float [G], max_new)].
+
+    Format, one JSON object per line: {"step", "group_size", "max_new_tokens",
+    "groups": [{"lengths": [...], "truncated": [...], "rewards": [...]}, ...]}.
+    """
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                max_new = int(rec["max_new_tokens"])
+                for grp in rec["groups"]:
+                    lengths = np.asarray(grp["lengths"], np.int64)
+                    truncated = np.asarray(grp["truncated"], bool)
+                    rewards = np.asarray(grp["rewards"], np.float64)
+                    if not (len(lengths) == len(truncated) == len(rewards) >= 2):
+                        raise ValueError("group arrays must have equal length >= 2")
+                    out.append((lengths, truncated, rewards, max_new))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"workload.trace: {path}:{lineno}: {e}") from None
+    return out
+
+
+def params_from_dict(d: dict[str, Any], base: WorkloadParams, where: str) -> WorkloadParams:
+    """Apply workload keys from a mapping (``pass_rate: {a, b}`` nested), validating each."""
+    upd: dict[str, Any] = {}
+    for key, val in d.items():
+        name = f"{where}.{key}"
+        if key == "pass_rate":
+            if not isinstance(val, dict) or set(val) - {"a", "b"}:
+                raise ValueError(f"{name}: a mapping {{a: >0, b: >0}}, got {val!r}")
+            for ab in ("a", "b"):
+                if ab in val:
+                    upd[f"pass_{ab}"] = _num(val[ab], f"{name}.{ab}", lo=0.0, lo_open=True)
+        elif key in ("median_length", "max_new_tokens"):
+            upd[key] = _num(val, name, lo=1.0)
+        elif key in ("prompt_spread", "group_spread"):
+            upd[key] = _num(val, name, lo=0.0)
+        elif key == "loop_prob":
+            upd[key] = _num(val, name, lo=0.0, hi=1.0)
+        else:
+            raise ValueError(f"{name}: unknown key")
+    if "max_new_tokens" in upd:
+        if upd["max_new_tokens"] != int(upd["max_new_tokens"]):
+            raise ValueError(f"{where}.max_new_tokens: an integer >= 1, got {d['max_new_tokens']}")
+        upd["max_new_tokens"] = int(upd["max_new_tokens"])
+    return dataclasses.replace(base, **upd)
+
+
+def _num(
+    v: Any, name: str, lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False
+) -> float:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    ok = ok and (v > lo if lo_open else v >= lo) and v < hi
+    if not ok:
+        rng = f"{'(' if lo_open else '['}{lo}, {hi})"
+        raise ValueError(f"{name}: a number in {rng}, got {v!r}")
+    return float(v)

@@ -1,0 +1,395 @@
+"""Bucketed, prefix-sharing autoregressive sampler for the `Transformer` (GRPO rollouts).
+
+Per call: prompts are left-padded to a prompt bucket Lp; the P distinct prompts are prefilled
+once ([P, Lp]) and their KV caches / last logits repeated to the P*G decode rows; decoding runs
+`decode_chunk` steps per iteration of one `lax.while_loop` that stops when every row hit EOS or
+n tokens were produced. Two programs per (G, Lp): prefill and decode. Everything a call can vary
+within a shape (prompt lengths, n <= max_new_tokens, temperature, top-k/top-p values, greedy, key,
+params values) is traced, so after `compile_all()` calls never compile.
+
+Cache layout (model contract): prompt token i of a row with pad = Lp - len sits at slot i with
+position i - pad and kv_mask[slot] = slot >= pad; decode step t feeds the token sampled at step t
+into slot Lp + t with position len + t, and samples token t + 1 from its logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
+
+from sagc_jax.models.llama import KVCache, Transformer, init_cache
+from sagc_jax.models.sharding import BATCH_AXES, state_shardings
+from sagc_jax.sampling.buckets import SamplingConfig, Shape, declared_shapes, prompt_bucket_for
+from sagc_jax.sampling.compile_counter import compile_count, install
+
+Params = Any  # pure dict of arrays (nnx.to_pure_dict layout) or an nnx.State
+
+
+@dataclasses.dataclass
+class SampleStats:
+    """Per-call bookkeeping. padding_waste = rows * decode_steps - sum(lengths)."""
+
+    decode_steps: int
+    padding_waste: int
+    prefill_s: float
+    decode_s: float
+    tokens_per_s: float
+    compiles: int
+    prompt_bucket: int
+    cache_bucket: int
+    rows: int
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class SampleOutput:
+    """Rows are prompt-major: row r belongs to prompt r // group_size.
+
+    tokens [rows, n] int32 (pad_id after EOS), lengths [rows] int32 (generated tokens including
+    EOS), truncated [rows] bool (no EOS within n), logprobs [rows, n] float32 of the sampled tokens
+    under softmax(logits / temperature) (no top-k/top-p truncation; 0 after EOS).
+    """
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    logprobs: np.ndarray
+    stats: SampleStats
+
+
+def sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
+                top_p: jax.Array, greedy: jax.Array, *, use_top_k: bool,
+                use_top_p: bool) -> tuple[jax.Array, jax.Array]:
+    """Samples one token per row.
+
+    logits [R, V] f32, keys [R] (one PRNG key per row) -> (tokens [R] int32, logprobs [R] f32).
+    Order as in HF: temperature, then top-k, then top-p on the top-k-renormalised distribution.
+    The logprob is under softmax(logits / T) (unfiltered); T <= 0 counts as 1 (greedy callers).
+    """
+    V = logits.shape[-1]
+    t = jnp.where(temperature > 0, temperature, 1.0)
+    scaled = logits / t
+    if use_top_k or use_top_p:
+        # One descending sort serves both filters; the cut is a value threshold per row.
+        s = -jnp.sort(-scaled, axis=-1)
+        idx = jnp.arange(V)
+        in_k = idx[None] < (jnp.clip(top_k, 1, V) if use_top_k else V)
+        s = jnp.where(in_k, s, -jnp.inf)
+        if use_top_p:
+            probs = jax.nn.softmax(s, axis=-1)
+            before = jnp.cumsum(probs, axis=-1) - probs
+            # in_k: past the top-k cut `before` is ~1 and may round below top_p.
+            keep = ((before < top_p) | (idx[None] == 0)) & in_k
+        else:
+            keep = jnp.broadcast_to(in_k, s.shape)
+        last = jnp.sum(keep, axis=-1) - 1
+        thresh = jnp.take_along_axis(s, last[:, None], axis=-1)
+        filtered = jnp.where(scaled >= thresh, scaled, -jnp.inf)
+    else:
+        filtered = scaled
+    # Per-row keys: a row's draw does not depend on how many (dummy) rows the batch has.
+    sampled = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), sampled)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+class Sampler:
+    """Generates G completions for each of up to P prompts from a declared set of shapes.
+
+    Args:
+      model: the policy `Transformer`; `params=None` in `generate` reads its current state.
+      config: static settings / shape set.
+      pad_id: token written after EOS and used to left-pad prompts.
+      eos_ids: tokens that end a row (may be empty: rows always run to n).
+      mesh: optional; rows are sharded over ('data', 'fsdp') when divisible, params with
+        `state_shardings`.
+    """
+
+    def __init__(self, model: Transformer, config: SamplingConfig, *, pad_id: int,
+                 eos_ids: Sequence[int] = (), mesh: Mesh | None = None):
+        install()
+        self.model = model
+        self.config = config
+        self.cfg = model.cfg
+        self.pad_id = int(pad_id)
+        self.eos_ids = tuple(int(e) for e in eos_ids)
+        self.mesh = mesh
+        self._graphdef, state = nnx.split(model)
+        pure = nnx.to_pure_dict(state)
+        self._treedef = jax.tree.structure(state)
+        self._param_shardings = state_shardings(pure, mesh) if mesh is not None else None
+        self._abstract_params = jax.tree.map(
+            lambda x, s=None: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), pure,
+            *([self._param_shardings] if mesh is not None else []))
+        self.shapes: tuple[Shape, ...] = declared_shapes(config)
+        self._shape = {(s.group_size, s.prompt_bucket): s for s in self.shapes}
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("g",))
+        # No donation: the cache is not an output, so XLA copies it once into the loop carry.
+        self._decode = jax.jit(self._decode_impl, static_argnames=("g", "lp"))
+
+    # ---- public helpers -------------------------------------------------------------------
+
+    def prompt_bucket_for(self, length: int) -> int:
+        """Prompt bucket for a prompt of `length` tokens; ValueError if longer than all."""
+        b = prompt_bucket_for(length, self.config.prompt_buckets)
+        if b is None:
+            if self.config.prompt_too_long == "truncate":
+                return self.config.prompt_buckets[-1]
+            raise ValueError(f"prompt of {length} tokens is longer than the largest prompt bucket "
+                             f"{self.config.prompt_buckets[-1]} (buckets "
+                             f"{self.config.prompt_buckets})")
+        return b
+
+    def compile_all(self, progress: bool = True) -> int:
+        """Compiles prefill + decode for every declared shape; returns the compiles it caused."""
+        before = compile_count()
+        for s in tqdm(self.shapes, desc="compiling sampler shapes", disable=not progress):
+            for fn, args, kw in self._abstract_calls(s):
+                fn.lower(*args, **kw).compile()
+        return compile_count() - before
+
+    # ---- generate -------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, group_size: int, key: jax.Array,
+                 max_new_tokens: int | None = None, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
+                 params: Params | None = None) -> SampleOutput:
+        """Samples `group_size` completions per prompt.
+
+        prompts: up to P_g token-id sequences (any lengths within the prompt buckets).
+        Returns arrays for rows = len(prompts) * group_size, prompt-major.
+        """
+        c = self.config
+        g = int(group_size)
+        if g not in c.group_sizes:
+            raise ValueError(f"group_size {g} is not in the declared set {c.group_sizes}")
+        n = c.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if not 1 <= n <= c.max_new_tokens:
+            raise ValueError(f"max_new_tokens must be in [1, {c.max_new_tokens}] (the configured "
+                             f"max), got {n}")
+        if top_k is not None and not c.use_top_k:
+            raise ValueError("top_k given but SamplingConfig.use_top_k=False (not compiled in)")
+        if top_p is not None and not c.use_top_p:
+            raise ValueError("top_p given but SamplingConfig.use_top_p=False (not compiled in)")
+        p_max = c.prompts_for(g)
+        if len(prompts) > p_max:
+            raise ValueError(f"{len(prompts)} prompts given but the sampler is compiled for at "
+                             f"most {p_max} prompts at group_size {g}")
+        if not prompts:
+            raise ValueError("no prompts given")
+        ids, lens, lp = self._pack(prompts, p_max)
+        shape = self._shape[(g, lp)]
+
+        before = compile_count()
+        pure = self._params(params)
+        if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            # A raw uint32 key becomes a typed key, so both kinds hit one program.
+            key = jax.random.wrap_key_data(key)
+        t0 = time.perf_counter()
+        cache, last = self._prefill(pure, ids, lens, g=g)
+        jax.block_until_ready(last)
+        t1 = time.perf_counter()
+        out = self._decode(pure, cache, last, lens, key, np.int32(n), np.int32(len(prompts)),
+                           np.float32(temperature),
+                           np.int32(top_k if top_k is not None else self.cfg.vocab_size),
+                           np.float32(top_p if top_p is not None else 1.0), np.bool_(greedy),
+                           g=g, lp=lp)
+        tokens, logprobs, lengths, hit, steps = jax.device_get(out)  # the one host sync
+        t2 = time.perf_counter()
+
+        rows = len(prompts) * g
+        lengths = lengths[:rows].astype(np.int32)
+        steps = int(steps)
+        n_tok = int(lengths.sum())
+        stats = SampleStats(
+            decode_steps=steps, padding_waste=rows * steps - n_tok, prefill_s=t1 - t0,
+            decode_s=t2 - t1, tokens_per_s=n_tok / max(t2 - t0, 1e-9),
+            compiles=compile_count() - before, prompt_bucket=lp,
+            cache_bucket=shape.cache_bucket, rows=rows)
+        return SampleOutput(tokens=np.asarray(tokens[:rows, :n], np.int32), lengths=lengths,
+                            truncated=~hit[:rows], logprobs=np.asarray(logprobs[:rows, :n]),
+                            stats=stats)
+
+    # ---- host-side packing -----------------------------------------------------------------
+
+    def _pack(self, prompts: Sequence[Sequence[int]], p_max: int) -> tuple[Any, Any, int]:
+        """Left-pads to the bucket of the longest prompt: ids [P, Lp] int32, lens [P] int32.
+
+        Dummy prompts (rows dropped from the output) are one pad token long.
+        """
+        seqs = []
+        for i, p in enumerate(prompts):
+            a = np.asarray(p, np.int32).reshape(-1)
+            if a.size == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if prompt_bucket_for(a.size, self.config.prompt_buckets) is None:
+                if self.config.prompt_too_long == "truncate":
+                    a = a[-self.config.prompt_buckets[-1]:]
+                else:
+                    raise ValueError(
+                        f"prompt {i} has {a.size} tokens, longer than the largest prompt bucket "
+                        f"{self.config.prompt_buckets[-1]} (buckets {self.config.prompt_buckets})")
+            seqs.append(a)
+        lp = self.prompt_bucket_for(max(a.size for a in seqs))
+        ids = np.full((p_max, lp), self.pad_id, np.int32)
+        lens = np.ones((p_max,), np.int32)
+        for i, a in enumerate(seqs):
+            ids[i, lp - a.size:] = a
+            lens[i] = a.size
+        if self.mesh is not None:
+            ids, lens = self._put_rows(ids), self._put_rows(lens)
+        return ids, lens, lp
+
+    def _params(self, params: Params | None) -> dict:
+        """Pure-dict params (the jit argument), from the model's live state by default."""
+        if params is None:
+            params = nnx.state(self.model)
+        if isinstance(params, nnx.State):
+            params = nnx.to_pure_dict(params)
+        if self._param_shardings is not None:
+            params = jax.device_put(params, self._param_shardings)
+        return params
+
+    def _rows_spec(self, n: int, axis: int = 0, ndim: int = 1) -> PartitionSpec | None:
+        if self.mesh is None:
+            return None
+        ways = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
+        if n % ways:
+            return None
+        spec = [None] * ndim
+        spec[axis] = BATCH_AXES
+        return PartitionSpec(*spec)
+
+    def _put_rows(self, x: np.ndarray) -> Any:
+        spec = self._rows_spec(x.shape[0], 0, x.ndim)
+        return x if spec is None else jax.device_put(x, NamedSharding(self.mesh, spec))
+
+    def _constrain(self, x: jax.Array, axis: int) -> jax.Array:
+        spec = self._rows_spec(x.shape[axis], axis, x.ndim)
+        if spec is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def _abstract_calls(self, s: Shape) -> list[tuple[Any, tuple, dict]]:
+        """(jitted fn, abstract args, static kwargs) matching what `generate` passes for `s`."""
+        def sds(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+            spec = self._rows_spec(shape[0], 0, len(shape)) if shape else None
+            sh = NamedSharding(self.mesh, spec) if spec is not None else None
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+
+        ids, lens = sds((s.prompts, s.prompt_bucket), jnp.int32), sds((s.prompts,), jnp.int32)
+        pre_out = jax.eval_shape(lambda p, i, l: self._prefill_impl(p, i, l, g=s.group_size),
+                                 self._abstract_params, ids, lens)
+        cache, last = pre_out
+        if self.mesh is not None:
+            sh = NamedSharding(self.mesh, self._rows_spec(s.rows, 1, 5) or PartitionSpec())
+            cache = KVCache(*(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh) for x in cache))
+            last = sds(last.shape, last.dtype)
+        scalar = lambda dt: jax.ShapeDtypeStruct((), dt)  # noqa: E731
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return [
+            (self._prefill, (self._abstract_params, ids, lens), {"g": s.group_size}),
+            (self._decode, (self._abstract_params, cache, last, lens, key, scalar(jnp.int32),
+                            scalar(jnp.int32), scalar(jnp.float32), scalar(jnp.int32),
+                            scalar(jnp.float32), scalar(jnp.bool_)),
+             {"g": s.group_size, "lp": s.prompt_bucket}),
+        ]
+
+    # ---- jitted programs -------------------------------------------------------------------
+
+    def _merge(self, pure: dict) -> Transformer:
+        state = jax.tree.unflatten(self._treedef, jax.tree.leaves(pure))
+        return nnx.merge(self._graphdef, state)
+
+    def _prefill_impl(self, pure: dict, ids: jax.Array, lens: jax.Array, *,
+                      g: int) -> tuple[KVCache, jax.Array]:
+        """ids [P, Lp], lens [P] -> (cache [layers, P*g, S, kv, d] x2, last logits [P*g, V])."""
+        model = self._merge(pure)
+        lp = ids.shape[1]
+        s_slots = self._shape[(g, lp)].cache_bucket
+        if not self.config.prefix_sharing:  # the baseline: every row prefilled on its own
+            ids, lens = jnp.repeat(ids, g, axis=0), jnp.repeat(lens, g, axis=0)
+        b = ids.shape[0]
+        pad = lp - lens
+        positions = jnp.maximum(jnp.arange(lp)[None] - pad[:, None], 0)
+        kv_mask = jnp.arange(s_slots)[None] >= pad[:, None]
+        cache = init_cache(self.cfg, b, s_slots)
+        logits, cache = model(ids, positions=positions, kv_mask=kv_mask, cache=cache,
+                              cache_index=0)
+        last = logits[:, -1]
+        if self.config.prefix_sharing and g > 1:
+            cache = KVCache(*(jnp.repeat(x, g, axis=1) for x in cache))
+            last = jnp.repeat(last, g, axis=0)
+        cache = KVCache(*(self._constrain(x, 1) for x in cache))
+        return cache, self._constrain(last, 0)
+
+    def _decode_impl(self, pure: dict, cache: KVCache, last: jax.Array, lens: jax.Array,
+                     key: jax.Array, n: jax.Array, num_real: jax.Array, temperature: jax.Array,
+                     top_k: jax.Array, top_p: jax.Array, greedy: jax.Array, *, g: int,
+                     lp: int) -> tuple[jax.Array, ...]:
+        """Chunked decode loop.
+
+        cache from prefill, last [R, V] logits at each row's last prompt token, lens [P] prompt
+        lengths (per prompt; repeated here), n / num_real / sampling values traced scalars.
+        Returns tokens [R, Nbuf] int32, logprobs [R, Nbuf] f32, lengths [R] int32, eos_hit [R]
+        bool, steps () int32 (decode steps run, a multiple of decode_chunk).
+        """
+        c = self.config
+        model = self._merge(pure)
+        rows = last.shape[0]
+        s_slots = cache.k.shape[2]
+        nbuf = c.out_buffer
+        row = jnp.arange(rows, dtype=jnp.int32)
+        lens = jnp.repeat(lens, g, axis=0)
+        # Hoisted out of the loop: the kv mask never changes during decode, nor do row keys.
+        kv_mask = self._constrain(jnp.arange(s_slots)[None] >= (lp - lens)[:, None], 0)
+        row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row)
+        eos = jnp.asarray(self.eos_ids or (-1,), jnp.int32)
+
+        def step(carry, _):
+            t, cache, logits, done, hit, length = carry
+            keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)
+            tok, lp_tok = sample_step(logits, keys, temperature, top_k, top_p, greedy,
+                                      use_top_k=c.use_top_k, use_top_p=c.use_top_p)
+            active = ~done
+            tok = jnp.where(active, tok, self.pad_id)
+            lp_tok = jnp.where(active, lp_tok, 0.0)
+            is_eos = active & jnp.any(tok[:, None] == eos[None], axis=-1)
+            length = length + active.astype(jnp.int32)
+            hit = hit | is_eos
+            done = done | is_eos | (t + 1 >= n)
+            # Steps past n-1 write at clamped slots nobody reads again.
+            new_logits, cache = model(tok[:, None], positions=(lens + t)[:, None],
+                                      kv_mask=kv_mask, cache=cache, cache_index=lp + t)
+            return (t + 1, cache, new_logits[:, 0], done, hit, length), (tok, lp_tok)
+
+        def chunk(state):
+            t, cache, logits, done, hit, length, tok_buf, lp_buf = state
+            (t2, cache, logits, done, hit, length), (toks, lps) = jax.lax.scan(
+                step, (t, cache, logits, done, hit, length), None, length=c.decode_chunk)
+            tok_buf = jax.lax.dynamic_update_slice(tok_buf, toks.T, (0, t))
+            lp_buf = jax.lax.dynamic_update_slice(lp_buf, lps.T, (0, t))
+            return t2, cache, logits, done, hit, length, tok_buf, lp_buf
+
+        def cond(state):
+            t, done = state[0], state[3]
+            return (t < n) & ~jnp.all(done)
+
+        done0 = (row // g) >= num_real  # dummy prompts' rows start done
+        init = (jnp.int32(0), cache, last, done0, jnp.zeros(rows, bool),
+                jnp.zeros(rows, jnp.int32), jnp.full((rows, nbuf), self.pad_id, jnp.int32),
+                jnp.zeros((rows, nbuf), jnp.float32))
+        t, _, _, _, hit, length, tok_buf, lp_buf = jax.lax.while_loop(cond, chunk, init)
+        return tok_buf, lp_buf, length, hit, t

@@ -1,0 +1,173 @@
+"""Tiny random HF (PyTorch) Llama / Qwen2 checkpoints for parity tests, shared across test files.
+
+Every weight that could hide a mapping bug is randomised: norms are not 1, biases are not 0, and
+weights use a large init std so logits are O(1) and a wrong transpose / RoPE / norm shows up far
+above the parity tolerance.
+
+Use from another test file (the `tests/` dir is on sys.path under pytest's default import mode):
+
+    from hf_fixtures import tiny_hf_dir  # noqa: F401  (session fixture, shared cache)
+
+    def test_x(tiny_hf_dir):
+        path = tiny_hf_dir("qwen2")          # built once per session, then reused
+        ref = load_hf(path)                  # transformers model, float32, eval mode
+
+Names in `TINY_SPECS` are the supported kinds; `build_hf_dir(spec, dest)` builds any spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+# Shared by every model: 2 layers, tiny vocabularies (odd sizes so a vocab-padding bug shows).
+_BASE: dict[str, Any] = dict(num_hidden_layers=2, max_position_embeddings=256,
+                             initializer_range=0.1, rms_norm_eps=1e-6)
+
+TINY_SPECS: dict[str, dict[str, Any]] = {
+    # MHA, default RoPE, untied, Llama attention_bias (q/k/v/o) and mlp_bias.
+    "llama": dict(kind="llama", vocab_size=101, hidden_size=64, intermediate_size=96,
+                  num_attention_heads=4, num_key_value_heads=4, attention_bias=True,
+                  mlp_bias=True, tie_word_embeddings=False),
+    # One kv head (GQA 4:1), llama3 RoPE, tied, head_dim 16 != hidden 48 / 4 heads.
+    "llama_gqa1": dict(kind="llama", vocab_size=257, hidden_size=48, intermediate_size=80,
+                       num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                       tie_word_embeddings=True,
+                       rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0,
+                                        "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16}),
+    # GQA 2:1, linear RoPE, config.json rewritten in the 4.x `rope_theta` + `rope_scaling` layout.
+    "llama_linear_v4": dict(kind="llama", vocab_size=131, hidden_size=64, intermediate_size=96,
+                            num_attention_heads=4, num_key_value_heads=2,
+                            tie_word_embeddings=False,
+                            rope_parameters={"rope_type": "linear", "rope_theta": 5000.0,
+                                             "factor": 2.0},
+                            config_layout="v4"),
+    # Qwen2 (q/k/v bias), GQA 2:1, tied; shapes divide a (fsdp=2, tensor=2) mesh.
+    "qwen2": dict(kind="qwen2", vocab_size=151, hidden_size=64, intermediate_size=96,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    # Qwen2 untied, 1 kv head, head_dim 16 != 32 / 4, weights split over 2 files by hand.
+    "qwen2_sharded": dict(kind="qwen2", vocab_size=97, hidden_size=32, intermediate_size=64,
+                          num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                          tie_word_embeddings=False, sharded=True),
+    # Llama stored in bfloat16 (exercises the bf16 read path; reference = the bf16 values).
+    "llama_bf16": dict(kind="llama", vocab_size=89, hidden_size=32, intermediate_size=64,
+                       num_attention_heads=2, num_key_value_heads=1,
+                       tie_word_embeddings=False, save_dtype="bfloat16"),
+}
+
+# Spec keys that are ours, not HF config fields.
+_LOCAL_KEYS = ("kind", "config_layout", "sharded", "save_dtype", "seed")
+
+
+def build_hf_model(spec: dict[str, Any]):
+    """A random transformers CausalLM (float32, eval) for `spec` (see TINY_SPECS)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(spec.get("seed", 0))
+    kw = {**_BASE, **{k: v for k, v in spec.items() if k not in _LOCAL_KEYS}}
+    if spec["kind"] == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**kw))
+    elif spec["kind"] == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**kw))
+    else:
+        raise ValueError(f"unknown kind {spec['kind']!r}")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)  # norms != 1, so a swapped / dropped norm changes logits
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.5)  # biases != 0 (HF inits them to zero)
+    return model.eval()
+
+
+def _write_v4_config(dest: pathlib.Path) -> None:
+    """Rewrites config.json in the transformers 4.x RoPE layout (top-level theta, `type` key)."""
+    path = dest / "config.json"
+    d = json.loads(path.read_text())
+    rope = dict(d.pop("rope_parameters"))
+    d["rope_theta"] = rope.pop("rope_theta")
+    rope_type = rope.pop("rope_type")
+    d["rope_scaling"] = None if rope_type == "default" else {"type": rope_type, **rope}
+    path.write_text(json.dumps(d, indent=2))
+
+
+def shard_safetensors(dest: pathlib.Path, num_files: int = 2) -> None:
+    """Splits dest/model.safetensors over `num_files` files + an index, as HF sharding does."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(dest / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for i in range(num_files):
+        fname = f"model-{i + 1:05d}-of-{num_files:05d}.safetensors"
+        part = {n: tensors[n] for n in names[i::num_files]}  # interleave: layers span files
+        save_file(part, dest / fname, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, fname))
+    total = sum(t.nbytes for t in tensors.values())
+    (dest / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    os.remove(dest / "model.safetensors")
+
+
+def build_hf_dir(spec: dict[str, Any], dest: str | os.PathLike) -> pathlib.Path:
+    """Builds the model for `spec` and writes it with transformers' `save_pretrained` to dest,
+    then applies the spec's on-disk variations (bf16, 4.x config layout, sharding)."""
+    import torch
+
+    dest = pathlib.Path(dest)
+    model = build_hf_model(spec)
+    if spec.get("save_dtype") == "bfloat16":
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(dest)
+    if spec.get("config_layout") == "v4":
+        _write_v4_config(dest)
+    if spec.get("sharded"):
+        shard_safetensors(dest)
+    return dest
+
+
+def load_hf(path: str | os.PathLike):
+    """transformers' model for a checkpoint dir, float32, eval mode (the parity reference)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_logits(model, ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
+    """Float32 numpy logits of a transformers model for int ids [B, T]."""
+    import torch
+
+    with torch.no_grad():
+        kw = {} if attention_mask is None else {"attention_mask": torch.tensor(attention_mask)}
+        return model(torch.tensor(np.asarray(ids), dtype=torch.long), **kw).logits.float().numpy()
+
+
+_BUILT: dict[str, pathlib.Path] = {}
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], pathlib.Path]:
+    """Factory `kind -> checkpoint dir` (kinds: TINY_SPECS keys); each built once per session.
+
+    Treat the returned dirs as read-only: copy one before corrupting it.
+    """
+    # Module-level cache: pytest makes one FixtureDef per module that imports this fixture, so
+    # its own session cache alone would rebuild the models once per importing test file.
+    root = tmp_path_factory.getbasetemp() / "tiny_hf"
+
+    def get(kind: str) -> pathlib.Path:
+        if kind not in _BUILT:
+            _BUILT[kind] = build_hf_dir(TINY_SPECS[kind], root / kind)
+        return _BUILT[kind]
+
+    return get

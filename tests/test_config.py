@@ -1,0 +1,307 @@
+"""Tests for sagc_jax.config: defaults, YAML + overrides, one-line errors, round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from sagc_jax.config import (
+    Config,
+    ConfigError,
+    RewardSpec,
+    apply_overrides,
+    config_from_dict,
+    config_keys,
+    config_to_dict,
+    load_config,
+    save_config,
+)
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TINY = REPO / "configs" / "tiny_cpu.yaml"
+
+
+def _err(overrides: list[str], path: str | None = None) -> str:
+    """The ConfigError message for loading ``path`` with ``overrides``; checks it is one line."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, overrides)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert isinstance(exc.value, ValueError)
+    return msg
+
+
+def test_defaults_validate() -> None:
+    cfg = load_config(None, [])
+    assert cfg == Config()
+    assert cfg.validate() is cfg
+    assert cfg.run.steps == 200 and cfg.run.resume == "auto"
+    assert cfg.sagc.group_sizes == (4, 8, 12, 16) and cfg.sagc.initial_group_size == 8
+    assert cfg.sampling.prompt_buckets == (32, 64, 128)
+    assert cfg.rewards == (RewardSpec("exact_answer", 1.0),)
+    assert cfg.reward_on_error == "raise"
+    assert cfg.mesh.data == -1
+    assert config_from_dict({}) == cfg
+
+
+def test_sagc_defaults_match_contract() -> None:
+    s = Config().sagc
+    assert s.enabled is True
+    assert s.delta == pytest.approx(0.1)
+    assert s.batch_policy == "prompts" and s.rollouts_per_step is None
+
+
+def test_yaml_and_overrides(tmp_path: pathlib.Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "run: {steps: 7, dir: out}\n"
+        "sagc:\n  group_sizes: [2, 4]\n  initial_group_size: 2\n"
+        "optim:\n  lr: 1e-4\n"  # no dot: still a float
+        "rewards:\n  - {name: exact_answer, weight: 0.5}\n  - {name: fmt}\n"
+    )
+    cfg = load_config(
+        str(p),
+        [
+            "sagc.group_sizes=[4,8]",
+            "sagc.initial_group_size=4",
+            "optim.lr=3e-5",
+            "optim.warmup_steps=3",
+            "rewards[1].weight=2",
+            "model.head_dim=null",
+            "algo.beta=1",  # int accepted for float
+            "sampling={top_p: 0.9}",  # mapping merges into the section
+        ],
+    )
+    assert cfg.run.steps == 7 and cfg.run.dir == "out"
+    assert cfg.sagc.group_sizes == (4, 8)
+    assert isinstance(cfg.sagc.group_sizes, tuple)
+    assert cfg.sagc.initial_group_size == 4
+    assert cfg.optim.lr == pytest.approx(3e-5) and isinstance(cfg.optim.lr, float)
+    assert cfg.optim.warmup_steps == 3
+    assert cfg.rewards == (RewardSpec("exact_answer", 0.5), RewardSpec("fmt", 2.0))
+    assert cfg.algo.beta == 1.0 and isinstance(cfg.algo.beta, float)
+    assert cfg.sampling.top_p == pytest.approx(0.9)
+    assert cfg.sampling.prompt_buckets == (32, 64, 128)  # untouched by the merge
+    # Untouched sections keep defaults.
+    assert cfg.model == Config().model
+
+
+def test_train_file_with_null_task() -> None:
+    cfg = load_config(None, ["data.task=null", "data.train_file=train.jsonl"])
+    assert cfg.data.task is None and cfg.data.train_file == "train.jsonl"
+
+
+def test_apply_overrides_does_not_mutate() -> None:
+    base = {"sagc": {"delta": 0.1}}
+    out = apply_overrides(base, ["sagc.delta=0.2", "rewards[0]={name: x}"])
+    assert base == {"sagc": {"delta": 0.1}}
+    assert out["sagc"]["delta"] == 0.2 and out["rewards"] == [{"name": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        # unknown key, with a suggestion
+        (["sagc.detla=0.5"], "unknown key 'sagc.detla' (did you mean 'sagc.delta'?)"),
+        (["sagcc.delta=0.5"], "unknown key 'sagcc.delta' (did you mean 'sagc.delta'?)"),
+        (
+            ["optim.warmup_step=3"],
+            "unknown key 'optim.warmup_step' (did you mean 'optim.warmup_steps'?)",
+        ),
+        (
+            ["rewards[0].wieght=1"],
+            "unknown key 'rewards[0].wieght' (did you mean 'rewards[0].weight'?)",
+        ),
+        # wrong type
+        (["optim.lr=abc"], "optim.lr: expected float, got 'abc'"),
+        (["run.steps=1.5"], "run.steps: expected int, got 1.5"),
+        (["run.steps=null"], "run.steps: expected int, got None"),
+        (["run.progress=1"], "run.progress: expected bool, got 1"),
+        (["run.progress=maybe"], "run.progress: expected bool, got 'maybe'"),
+        (["model.head_dim=abc"], "model.head_dim: expected int or None, got 'abc'"),
+        (["sagc.group_sizes=4"], "sagc.group_sizes: expected list of int, got 4"),
+        (["sagc.group_sizes=[4, x]"], "sagc.group_sizes[1]: expected int, got 'x'"),
+        (["run=3"], "run: expected mapping, got 3"),
+        # out of range
+        (["sagc.delta=1.5"], "sagc.delta: must be in (0, 1), got 1.5"),
+        (["optim.lr=0"], "optim.lr: must be > 0, got 0.0"),
+        (["run.steps=0"], "run.steps: must be >= 1, got 0"),
+        (["sampling.top_p=1.5"], "sampling.top_p: must be in (0, 1], got 1.5"),
+        (["mesh.data=0"], "mesh.data: must be -1 or >= 1, got 0"),
+        (["sampling.prompt_buckets=[0, 8]"], "sampling.prompt_buckets[0]: must be >= 1, got 0"),
+        # bad choice
+        (
+            ["run.resume=sometimes"],
+            "run.resume: must be one of 'auto', 'never', 'required', got 'sometimes'",
+        ),
+        (
+            ["algo.loss_agg=sum"],
+            "algo.loss_agg: must be one of 'token-mean', "
+            "'seq-mean-token-mean', 'seq-mean-token-sum-norm', got 'sum'",
+        ),
+        (
+            ["reward_on_error=ignore"],
+            "reward_on_error: must be one of 'raise', 'zero', got 'ignore'",
+        ),
+        # cross-field
+        (
+            ["sagc.initial_group_size=5"],
+            "sagc.initial_group_size: must be one of sagc.group_sizes [4, 8, 12, 16], got 5",
+        ),
+        (["algo.epsilon_high=0.1"], "algo.epsilon_high: must be >= algo.epsilon (0.2), got 0.1"),
+        (
+            ["sampling.prompt_buckets=[64, 32]"],
+            "sampling.prompt_buckets: must be strictly increasing, got [64, 32]",
+        ),
+        (
+            ["sagc.group_sizes=[8, 4]", "sagc.initial_group_size=4"],
+            "sagc.group_sizes: must be strictly increasing, got [8, 4]",
+        ),
+        (["data.task=null"], "data.task: exactly one of data.task and data.train_file must be set"),
+        (
+            ["data.train_file=x.jsonl"],
+            "data.train_file: set data.task=null when using a train "
+            "file (got task='arith', train_file='x.jsonl')",
+        ),
+        (["model.num_kv_heads=3"], "model.num_kv_heads: must divide model.num_heads (4), got 3"),
+        (["rewards=[]"], "rewards: must list at least one reward"),
+        # list of dataclasses: index in the key
+        (
+            ["rewards=[{name: a}, {name: b, weight: x}]"],
+            "rewards[1].weight: expected float, got 'x'",
+        ),
+        (["rewards[1]={weight: 2}"], "rewards[1].name: required"),
+        # malformed overrides
+        (["sagc.delta"], "bad override 'sagc.delta': expected key=value"),
+        (
+            ["rewards[5].weight=1"],
+            "rewards[5].weight: index 5 out of range (list has 1 items; use index 1 to append)",
+        ),
+    ],
+)
+def test_error_messages(overrides: list[str], expected: str) -> None:
+    assert _err(overrides) == expected
+
+
+def test_yaml_errors(tmp_path: pathlib.Path) -> None:
+    assert _err([], str(tmp_path / "nope.yaml")) == (
+        f"config file not found: {str(tmp_path / 'nope.yaml')!r}"
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed\n")
+    assert _err([], str(bad)).startswith(f"{bad}: invalid YAML")
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    assert _err([], str(lst)) == f"{lst}: expected a mapping at the top level, got list"
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("sagc:\n  delta: 0.2\n  warmup_step: 3\n")
+    assert _err([], str(typo)) == (
+        "unknown key 'sagc.warmup_step' (did you mean 'sagc.warmup_steps'?)"
+    )
+
+
+def test_empty_yaml_and_null_section(tmp_path: pathlib.Path) -> None:
+    p = tmp_path / "empty.yaml"
+    p.write_text("")
+    assert load_config(str(p), []) == Config()
+    p.write_text("sagc:\nrun:\n  steps: 3\n")
+    cfg = load_config(str(p), [])
+    assert cfg.sagc == Config().sagc and cfg.run.steps == 3
+
+
+def test_validate_after_replace() -> None:
+    cfg = Config()
+    bad = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=-1.0))
+    with pytest.raises(ConfigError, match=r"^optim\.lr: must be > 0, got -1\.0$"):
+        bad.validate()
+    bad = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, epsilon_high=0.0 + 0.1))
+    with pytest.raises(ConfigError, match=r"^algo\.epsilon_high: must be >="):
+        bad.validate()
+
+
+def test_round_trip(tmp_path: pathlib.Path) -> None:
+    cfg = load_config(
+        str(TINY),
+        [
+            "rewards=[{name: exact_answer, weight: 0.5}, {name: fmt, weight: 0.25}]",
+            "optim.lr=3e-5",
+            "sampling.cache_buckets=[160, 256]",
+            "model.head_dim=32",
+        ],
+    )
+    out = tmp_path / "sub" / "config.yaml"
+    save_config(cfg, out)
+    assert load_config(str(out), []) == cfg
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    d = config_to_dict(Config())
+    assert d["sagc"]["group_sizes"] == [4, 8, 12, 16]
+    assert d["rewards"] == [{"name": "exact_answer", "weight": 1.0}]
+
+
+def test_tiny_cpu_yaml_loads() -> None:
+    cfg = load_config(str(TINY), [])
+    assert cfg.data.task == "arith" and cfg.data.prompts_per_step == 8
+    m = cfg.model
+    assert (m.model_type, m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads) == (
+        "llama",
+        128,
+        4,
+        4,
+        2,
+    )
+    assert m.intermediate_size == 384
+    assert cfg.init.sft_steps == 300 and cfg.run.steps == 150
+    assert cfg.sagc.enabled and cfg.sagc.group_sizes == (4, 8, 12, 16)
+    assert cfg.sampling.max_new_tokens == 128
+    assert cfg.optim.lr == pytest.approx(3e-5)
+
+
+def test_config_keys() -> None:
+    keys = config_keys()
+    assert "sagc.delta" in keys and "rewards[*].weight" in keys and "reward_on_error" in keys
+    assert "run.steps" in keys and "run" not in keys
+    assert "sagc" in config_keys(sections=True)
+
+
+def test_mesh_shape() -> None:
+    mesh = Config().mesh
+    assert mesh.shape(4) == (4, 1, 1)
+    fsdp2 = dataclasses.replace(mesh, fsdp=2)
+    assert fsdp2.shape(4) == (2, 2, 1)
+    with pytest.raises(ConfigError, match="must divide"):
+        fsdp2.shape(3)
+    with pytest.raises(ConfigError, match="must equal"):
+        dataclasses.replace(mesh, data=2).shape(4)
+
+
+def test_generic_section_validate_and_post_init() -> None:
+    """Sections we do not own: their validate()/__post_init__ ValueErrors become ConfigError."""
+    from sagc_jax.config import _build
+
+    @dataclasses.dataclass(frozen=True)
+    class Foreign:
+        n: int = 1
+        xs: tuple[float, ...] = (1.0,)
+        mode: str | None = None
+
+        def __post_init__(self) -> None:
+            if self.n == 99:
+                raise ValueError("n must not be 99")
+
+        def validate(self) -> None:
+            if self.n == 2:
+                raise ValueError("n must not be 2")
+
+    assert _build(Foreign, {"xs": [1, 2]}, "foreign.") == Foreign(1, (1.0, 2.0))
+    for data, msg in [
+        ({"n": 2}, "foreign: n must not be 2"),
+        ({"n": 99}, "foreign: n must not be 99"),
+        ({"xs": [1, "a"]}, "foreign.xs[1]: expected float, got 'a'"),
+        ({"mode": 3}, "foreign.mode: expected str or None, got 3"),
+        ({"m": 3}, "unknown key 'foreign.m'"),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            _build(Foreign, data, "foreign.")
+        assert str(exc.value) == msg

@@ -1,0 +1,225 @@
+"""Tests for sagc_jax.rl.rewards."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sagc_jax.rl.rewards import (
+    BUILTIN_REWARDS,
+    RewardError,
+    RewardFn,
+    build_reward_fns,
+    compute_rewards,
+    exact_answer_reward,
+    extract_gsm8k_answer,
+    format_reward,
+    gsm8k_reward,
+    normalize_number,
+    resolve_reward,
+)
+
+# A module-level function for the "module:function" form.
+
+
+def const_reward(prompts, completions, **kwargs):
+    return [0.5] * len(completions)
+
+
+NOT_CALLABLE = 3
+
+
+def test_exact_answer():
+    comps = ["1+2=3\n#### 3", "#### 4", "no answer", "1+2=3\n#### 3\n#### 9", "####  03"]
+    assert exact_answer_reward([""] * 5, comps, answer=["3", "3", "3", "3", 3]) == [
+        1.0,
+        0.0,
+        0.0,
+        1.0,
+        1.0,
+    ]
+    with pytest.raises(ValueError, match="needs an 'answer' column"):
+        exact_answer_reward(["p"], ["#### 1"])
+
+
+def test_exact_answer_on_task_solutions():
+    from sagc_jax.data.tasks import make_arith_examples
+
+    exs = make_arith_examples(200, seed=0)
+    sols = [e["solution"] for e in exs]
+    answers = [e["answer"] for e in exs]
+    assert exact_answer_reward([e["prompt"] for e in exs], sols, answer=answers) == [1.0] * 200
+    assert format_reward([], sols) == [1.0] * 200
+    shifted = answers[1:] + answers[:1]
+    assert sum(exact_answer_reward([""] * 200, sols, answer=shifted)) < 200
+
+
+@pytest.mark.parametrize(
+    ("text", "num"),
+    [
+        ("42", "42"),
+        ("42.0", "42"),
+        ("42.50", "42.5"),
+        ("$1,234", "1234"),
+        ("-3", "-3"),
+        ("7.", "7"),
+        ("\\$5", "5"),
+        ("abc", None),
+        ("50%", "50"),
+    ],
+)
+def test_normalize_number(text, num):
+    assert normalize_number(text) == num
+
+
+def test_gsm8k():
+    ref = "She has 3 apples.\nThen 2 more.\n#### 1,000"
+    assert extract_gsm8k_answer(ref) == "1000"
+    comps = [
+        "so the answer is #### 1000",
+        "The answer is \\boxed{1,000}.",
+        "I think 3 then 1000.00",
+        "The answer is $1000.",
+        "#### 999",
+        "\\boxed{\\$1000} and later 5",
+        "nothing",
+    ]
+    assert gsm8k_reward([""] * 7, comps, answer=[ref] * 7) == [1, 1, 1, 1, 0, 1, 0]
+    assert gsm8k_reward(["", ""], ["#### -4", "x = -4.50"], answer=["-4", "-4.5"]) == [1, 1]
+    assert gsm8k_reward([""], ["\\boxed{\\frac{1}{2}}"], answer=["0.5"]) == [0.0]
+
+
+def test_format():
+    comps = [
+        "a\n#### 12",
+        "#### -3\n",
+        "#### 1,000.5",
+        "#### 12 apples",
+        "#### 3\nmore",
+        "####",
+        "x #### 3",
+    ]
+    assert format_reward([""] * 7, comps) == [1, 1, 1, 0, 0, 0, 0]
+
+
+def test_resolve_reward():
+    assert resolve_reward("gsm8k") is gsm8k_reward
+    assert resolve_reward(f"{__name__}:const_reward") is const_reward
+    with pytest.raises(ValueError, match="unknown reward 'nope'; built-ins: exact_answer, format"):
+        resolve_reward("nope")
+    with pytest.raises(ValueError, match="cannot import module 'no_such_mod_xyz'"):
+        resolve_reward("no_such_mod_xyz:f")
+    with pytest.raises(ValueError, match="has no attribute 'missing'"):
+        resolve_reward(f"{__name__}:missing")
+    with pytest.raises(ValueError, match="'NOT_CALLABLE' is not callable"):
+        resolve_reward(f"{__name__}:NOT_CALLABLE")
+    assert set(BUILTIN_REWARDS) == {"exact_answer", "gsm8k", "format"}
+
+
+def test_build_reward_fns():
+    fns = build_reward_fns({"exact_answer": 1.0, "format": 0.2})
+    assert [(f.name, f.weight) for f in fns] == [("exact_answer", 1.0), ("format", 0.2)]
+    assert build_reward_fns("gsm8k")[0].fn is gsm8k_reward
+    fns = build_reward_fns([{"name": "format", "weight": 2}, "exact_answer"])
+    assert [(f.name, f.weight) for f in fns] == [("format", 2.0), ("exact_answer", 1.0)]
+    with pytest.raises(ValueError, match="more than once"):
+        build_reward_fns(["format", "format"])
+    from sagc_jax.config import Config
+
+    fns = build_reward_fns(Config().rewards)
+    assert fns and all(isinstance(f, RewardFn) for f in fns)
+
+
+def test_compute_rewards_weighted():
+    fns = [
+        RewardFn.from_name("exact_answer", 1.0),
+        RewardFn.from_name("format", 0.5),
+        RewardFn("const", const_reward, 2.0),
+    ]
+    res = compute_rewards(fns, ["p", "q"], ["x\n#### 3", "#### 4 ok"], {"answer": ["3", "4"]})
+    assert res.total.dtype == np.float32 and res.total.shape == (2,)
+    np.testing.assert_allclose(res.total, [1 + 0.5 + 1.0, 1 + 0 + 1.0])
+    np.testing.assert_allclose(res.per_fn["format"], [1.0, 0.0])
+    assert res.num_errors == 0 and res.messages == []
+    with pytest.raises(ValueError, match="column 'answer' has 1 values for 2 completions"):
+        compute_rewards(fns, ["p", "q"], ["a", "b"], {"answer": ["3"]})
+
+
+def _raises_on_bad(prompts, completions, **kw):
+    out = []
+    for c in completions:
+        if c == "bad":
+            raise KeyError("boom")
+        out.append(1.0)
+    return out
+
+
+def _wrong_length(prompts, completions, **kw):
+    return [1.0] * (len(completions) + 1)
+
+
+def _non_finite(prompts, completions, **kw):
+    return [math.nan if c == "bad" else 1.0 for c in completions]
+
+
+def _batch_only(prompts, completions, **kw):
+    if len(completions) > 1:
+        raise RuntimeError("batch too big")
+    return [1.0]
+
+
+def _none_and_text(prompts, completions, **kw):
+    return [None if c == "none" else ("x" if c == "bad" else 1.0) for c in completions]
+
+
+COMPS = ["ok", "ok", "bad", "ok", "bad"]
+
+
+def test_reward_raises():
+    fns = [RewardFn("boom", _raises_on_bad)]
+    with pytest.raises(RewardError, match=r"reward 'boom' failed on example 2: raised KeyError"):
+        compute_rewards(fns, [""] * 5, COMPS, {})
+    res = compute_rewards(fns, [""] * 5, COMPS, {}, on_error="zero")
+    np.testing.assert_array_equal(res.total, [1, 1, 0, 1, 0])
+    assert res.num_errors == 2 and len(res.messages) == 1
+    assert "reward 'boom' failed on example 2" in res.messages[0]
+    assert "set to 0" in res.messages[0]
+
+
+def test_reward_wrong_length():
+    fns = [RewardFn("long", _wrong_length), RewardFn("ok", const_reward)]
+    with pytest.raises(RewardError, match=r"reward 'long' returned 6 values for 5 completions"):
+        compute_rewards(fns, [""] * 5, COMPS, {})
+    res = compute_rewards(fns, [""] * 5, COMPS, {}, on_error="zero")
+    np.testing.assert_array_equal(res.per_fn["long"], np.zeros(5))
+    np.testing.assert_allclose(res.total, np.full(5, 0.5))
+    assert res.num_errors == 5 and "returned 6 values for 5 completions" in res.messages[0]
+
+
+def test_reward_non_finite():
+    fns = [RewardFn("nan", _non_finite)]
+    with pytest.raises(
+        RewardError,
+        match=r"reward 'nan' returned a bad value for example 2: "
+        r"non-finite value nan \(and 1 more\)",
+    ):
+        compute_rewards(fns, [""] * 5, COMPS, {})
+    res = compute_rewards(fns, [""] * 5, COMPS, {}, on_error="zero")
+    np.testing.assert_array_equal(res.total, [1, 1, 0, 1, 0])
+    assert res.num_errors == 2 and np.isfinite(res.total).all()
+
+
+def test_reward_batch_only_failure_and_non_numeric():
+    with pytest.raises(RewardError, match="no single example reproduces it"):
+        compute_rewards([RewardFn("b", _batch_only)], ["", ""], ["a", "b"], {})
+    res = compute_rewards([RewardFn("b", _batch_only)], ["", ""], ["a", "b"], {}, on_error="zero")
+    assert res.num_errors == 2 and res.total.tolist() == [0, 0]
+    fns = [RewardFn("t", _none_and_text)]
+    with pytest.raises(RewardError, match="example 1: non-numeric value 'x'"):
+        compute_rewards(fns, [""] * 3, ["none", "bad", "ok"], {})
+    res = compute_rewards(fns, [""] * 3, ["none", "ok", "ok"], {})
+    assert res.total.tolist() == [0.0, 1.0, 1.0] and res.num_errors == 0  # None → 0 (TRL)
+    with pytest.raises(ValueError, match="on_error"):
+        compute_rewards(fns, [""], ["ok"], {}, on_error="ignore")

@@ -1,0 +1,301 @@
+"""SAGC controller: property tests driven by the simulator's synthetic workload, plus unit tests
+of the counterfactual risk, the Beta quantile and the config/state plumbing."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from sagc_jax.sagc import (
+    Observation,
+    SAGCConfig,
+    SAGCPolicy,
+    StaticPolicy,
+    choose,
+    counterfactual_risk,
+    hypergeom_none,
+    init_state,
+    make_policy,
+    observe,
+    prompts_for,
+    straggler_events,
+)
+from sagc_jax.sagc.betaq import beta_quantile, betainc
+from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step
+
+# Accelerator-like workload pieces reused below (see configs/sim/*.yaml for the benchmarks).
+LIGHT = {"group_spread": 0.1, "prompt_spread": 0.3, "loop_prob": 0.0, "max_new_tokens": 1024}
+HEAVY = {"group_spread": 0.4, "loop_prob": 0.02, "median_length": 240}
+
+
+def _sim(
+    steps: int, workload: dict, sagc: dict | None = None, timing: dict | None = None, seed: int = 0
+):
+    raw = {
+        "steps": steps,
+        "seed": seed,
+        "workload": workload,
+        "sagc": sagc or {},
+        "timing": timing or {},
+    }
+    return parse_sim_config(raw)
+
+
+def _run_sagc(sim, steps: int | None = None):
+    pol = SAGCPolicy(sim.sagc)
+    return pol, run_policies(sim, {"sagc": pol}, steps)["sagc"]
+
+
+# ------------------------------------------------------------------ counterfactual risk (units)
+
+
+def test_hypergeom_matches_bruteforce_enumeration():
+    for n in range(2, 9):
+        for k in range(n + 1):
+            marked = [True] * k + [False] * (n - k)
+            for g in range(1, n + 1):
+                subsets = list(itertools.combinations(range(n), g))
+                brute = sum(not any(marked[i] for i in s) for s in subsets) / len(subsets)
+                assert hypergeom_none(n, np.array(k), g) == pytest.approx(brute, abs=1e-12)
+
+
+def _exact_subset_risk(lengths, truncated, g, tau, count_truncated):
+    subs = list(itertools.combinations(range(len(lengths)), g))
+    ev = [
+        straggler_events(lengths[list(s)], truncated[list(s)], tau, count_truncated) for s in subs
+    ]
+    return float(np.mean(ev))
+
+
+@pytest.mark.parametrize("count_truncated", [True, False])
+def test_counterfactual_risk_below_G_matches_enumeration(count_truncated):
+    rng = np.random.default_rng(3)
+    lengths = np.array([[40, 45, 50, 52, 60, 110, 130, 512], [100, 100, 101, 99, 300, 98, 97, 96]])
+    truncated = np.array([[0, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 0, 0]], bool)
+    for g in (2, 3, 4, 6, 8):
+        est = counterfactual_risk(
+            lengths,
+            truncated,
+            g,
+            tau=2.0,
+            count_truncated=count_truncated,
+            rng=rng,
+            mc=4000,
+            pool_eps=np.ones(4),
+            trunc_rate=0.0,
+            max_new_tokens=512,
+        )
+        exact = [
+            _exact_subset_risk(lengths[p], truncated[p], g, 2.0, count_truncated) for p in range(2)
+        ]
+        # g == G is exact by construction; below G the ratio part is Monte Carlo.
+        tol = 1e-12 if g == 8 else 0.03
+        np.testing.assert_allclose(est, exact, atol=tol)
+
+
+def test_counterfactual_risk_above_G_truncation_is_analytic():
+    # Flat groups and flat residuals: no ratio events, so risk = P(any extra row truncates).
+    lengths = np.full((3, 4), 100)
+    truncated = np.zeros((3, 4), bool)
+    truncated[2, 0] = True
+    p = 0.01
+    est = counterfactual_risk(
+        lengths,
+        truncated,
+        12,
+        tau=2.0,
+        count_truncated=True,
+        rng=np.random.default_rng(0),
+        mc=8,
+        pool_eps=np.ones(16),
+        trunc_rate=p,
+        max_new_tokens=512,
+    )
+    np.testing.assert_allclose(est, [1 - (1 - p) ** 8] * 2 + [1.0])
+
+
+def test_beta_quantile_closed_forms():
+    q = 0.9
+    np.testing.assert_allclose(beta_quantile(q, [1.0], [1.0]), [q], atol=1e-9)
+    np.testing.assert_allclose(beta_quantile(q, [3.0], [1.0]), [q ** (1 / 3)], atol=1e-9)
+    np.testing.assert_allclose(beta_quantile(q, [1.0], [4.0]), [1 - (1 - q) ** 0.25], atol=1e-9)
+    # Large pseudo-counts: CDF at the quantile is q, and q90 > mean.
+    a, b = np.array([3.0, 120.0, 900.0]), np.array([400.0, 1500.0, 40.0])
+    x = beta_quantile(q, a, b)
+    np.testing.assert_allclose(betainc(a, b, x), q, atol=1e-9)
+    assert (x > a / (a + b)).all()
+    # I_x(2, 3) in closed form.
+    assert betainc(2.0, 3.0, 0.4) == pytest.approx(1 - (0.6**4 + 4 * 0.4 * 0.6**3), abs=1e-12)
+
+
+# ------------------------------------------------------------------ properties (simulated)
+
+
+def test_long_run_straggler_rate_within_delta_when_feasible():
+    # g = 4 and usually 8 are feasible; 16 runs at ~0.3. A risk-blind controller fails this.
+    sim = _sim(
+        400, {"group_spread": 0.35, "loop_prob": 0.002, "max_new_tokens": 2048}, sagc={"delta": 0.1}
+    )
+    traj = run_policies(
+        sim,
+        {
+            "static-16": StaticPolicy(
+                dataclasses.replace(sim.sagc, enabled=False, initial_group_size=16)
+            ),
+            "sagc": SAGCPolicy(sim.sagc),
+        },
+    )
+    assert traj["static-16"]["straggler_rate"].mean() > 0.2  # the constraint binds
+    assert traj["sagc"]["straggler_rate"].mean() <= 0.1 + 0.02
+
+
+def test_group_size_falls_after_heavier_tail_and_recovers():
+    heavy_at, light_at = 150, 300
+    back = {k: v for k, v in LIGHT.items() if k != "max_new_tokens"} | {"median_length": 120}
+    wl = {**LIGHT, "drift": [{"at_step": heavy_at, **HEAVY}, {"at_step": light_at, **back}]}
+    sim = _sim(480, wl, timing={"decode_b": 0.0, "prefill_b": 0.0})
+    _, tr = _run_sagc(sim)
+    g = tr["group_size"]
+    assert (g[heavy_at - 20 : heavy_at] == 16).all()  # light: largest g
+    # Heavier tail: leaves the largest g within 3 steps, at the smallest g within 20
+    # (max_rung_step=1 means 3 rungs; the risk posteriors need a few steps of evidence).
+    assert (g[heavy_at + 3 : light_at] < 16).all()
+    assert (g[heavy_at + 20 : light_at] == 4).all()
+    # Lighter again: >= 8 within 60 steps and the largest g within 160. Recovery is slower than
+    # the fall because looping rows are rare: the truncation rate forgets at half_life (25 steps)
+    # and a 20x drop takes ~4.3 half-lives (docs/sagc.md).
+    rise8, rise16 = np.flatnonzero(g[light_at:] >= 8), np.flatnonzero(g[light_at:] == 16)
+    assert len(rise8) and rise8[0] <= 60
+    assert len(rise16) and rise16[0] <= 160
+    assert (g[light_at + 170 :] == 16).all()
+
+
+def test_settles_on_largest_g_without_stragglers_and_flat_cost():
+    sim = _sim(120, {**LIGHT, "group_spread": 0.05}, timing={"decode_b": 0.0, "prefill_b": 0.0})
+    _, tr = _run_sagc(sim)
+    assert (tr["group_size"][-60:] == 16).all()
+    assert tr["straggler_rate"].max() == 0.0
+
+
+def test_no_feasible_g_holds_smallest_and_says_so():
+    sim = _sim(60, {"loop_prob": 0.2})
+    pol, tr = _run_sagc(sim)
+    assert (tr["group_size"][10:] == 4).all()
+    assert (tr["reason"][10:] == "no_feasible").all()
+    assert pol.last_info["reason"] == "no_feasible"
+    assert all(r > sim.sagc.delta for r in pol.last_info["risk"])
+
+
+def test_same_seed_same_decisions_and_state():
+    sim = _sim(80, {"group_spread": 0.35, "loop_prob": 0.004})
+    p1, t1 = _run_sagc(sim)
+    p2, t2 = _run_sagc(sim)
+    np.testing.assert_array_equal(t1["group_size"], t2["group_size"])
+    for k in p1.state:
+        np.testing.assert_array_equal(p1.state[k], p2.state[k])
+
+
+def test_state_roundtrips_orbax_and_decisions_continue(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    sim = _sim(60, {"group_spread": 0.35, "loop_prob": 0.004})
+    pol, _ = _run_sagc(sim, 30)
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mgr:
+        mgr.save(30, args=ocp.args.StandardSave(pol.state))
+        mgr.wait_until_finished()
+        restored = mgr.restore(30, args=ocp.args.StandardRestore(pol.state))
+    pol2 = SAGCPolicy(sim.sagc)
+    pol2.load_state(restored)
+    for k, v in pol.state.items():
+        assert pol2.state[k].dtype == v.dtype and pol2.state[k].shape == v.shape
+        np.testing.assert_array_equal(pol2.state[k], v)
+    a = run_policies(sim, {"x": pol}, steps=30, start=30)["x"]
+    b = run_policies(sim, {"x": pol2}, steps=30, start=30)["x"]
+    np.testing.assert_array_equal(a["group_size"], b["group_size"])
+    np.testing.assert_array_equal(a["reason"], b["reason"])
+
+
+# ------------------------------------------------------------------ API plumbing
+
+
+def test_pure_functions_do_not_mutate_state():
+    cfg = SAGCConfig()
+    st = init_state(cfg)
+    snap = {k: v.copy() for k, v in st.items()}
+    sim = _sim(1, {})
+    obs, _, _ = run_step(sim, sim.workload.draw(0), 8)
+    new = observe(cfg, st, obs)
+    choose(cfg, new)
+    for k in st:
+        np.testing.assert_array_equal(st[k], snap[k])
+    assert int(new["step"]) == 1
+    g, info = choose(cfg, st)
+    assert g == 8 and info["reason"] == "warmup"
+    for key in ("risk", "cost", "benefit", "J", "score", "queue", "feasible"):
+        assert key in info
+
+
+def test_static_policy_metrics_and_factory():
+    cfg = SAGCConfig(enabled=False, initial_group_size=12)
+    pol = make_policy(cfg)
+    assert isinstance(pol, StaticPolicy) and pol.choose() == 12
+    assert isinstance(make_policy(SAGCConfig()), SAGCPolicy)
+    lengths = np.array([10, 10, 10, 10, 10, 10, 10, 50, 10, 10, 10, 10], dtype=np.int64)
+    trunc = np.zeros(24, bool)
+    trunc[13] = True
+    obs = Observation(
+        group_size=12,
+        lengths=np.concatenate([lengths, lengths * 0 + 10]),
+        truncated=trunc,
+        rewards=np.zeros(24),
+        max_new_tokens=64,
+    )
+    m = pol.observe(obs)
+    assert m["straggler_rate"] == 1.0  # group 0: 50 > 2*10; group 1: truncated
+    m2 = make_policy(dataclasses.replace(cfg, count_truncated=False)).observe(obs)
+    assert m2["straggler_rate"] == 0.5
+
+
+def test_sagc_policy_metrics_keys():
+    pol = SAGCPolicy(SAGCConfig())
+    sim = _sim(1, {})
+    g = pol.choose()
+    obs, _, _ = run_step(sim, sim.workload.draw(0), g)
+    m = pol.observe(obs)
+    for key in ("straggler_rate", "sagc_queue", "sagc_reason", "risk_g4", "risk_g16"):
+        assert key in m
+    assert m["sagc_reason"] == "warmup"
+
+
+def test_prompts_for_batch_policies():
+    assert prompts_for(SAGCConfig(), 12, 16) == 16
+    cfg = SAGCConfig(batch_policy="rollouts", rollouts_per_step=96).validate()
+    assert [prompts_for(cfg, g, 16) for g in cfg.group_sizes] == [24, 12, 8, 6]
+    with pytest.raises(ValueError, match=r"^sagc\.rollouts_per_step: .*got 100$"):
+        SAGCConfig(batch_policy="rollouts", rollouts_per_step=100).validate()
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"group_sizes": (8, 4)}, "group_sizes"),
+        ({"initial_group_size": 5}, "initial_group_size"),
+        ({"delta": 1.5}, "delta"),
+        ({"risk": "q40"}, "risk"),
+        ({"half_life": 0}, "half_life"),
+        ({"batch_policy": "rows"}, "batch_policy"),
+        ({"max_rung_step": -1}, "max_rung_step"),
+    ],
+)
+def test_config_validation_names_the_field(kw, field):
+    with pytest.raises(ValueError, match=rf"^sagc\.{field}: .*, got "):
+        SAGCConfig(**kw).validate()
+
+
+def test_config_accepts_lists_and_quantile_risk():
+    cfg = SAGCConfig(group_sizes=[2, 4], initial_group_size=2, risk="q95").validate()
+    assert cfg.group_sizes == (2, 4)
+    assert math.isfinite(hash(cfg))
