@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import tempfile
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+import jax
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from sagc_jax.models.hf import from_pretrained  # noqa: E402
-from sagc_jax.sampling import Sampler, SamplingConfig  # noqa: E402
+from sagc_jax.models.hf import from_pretrained
+from sagc_jax.sampling import Sampler, SamplingConfig
 
 PROMPTS, G, NEW = 8, 16, 128
 MODELS = {  # name -> LlamaConfig kwargs
@@ -118,12 +119,12 @@ def main() -> None:
         for pname in args.prompts.split(","):
             lo, hi, bucket = PROMPT_SETS[pname]
             prompts = _prompts(cfg.vocab_size, lo, hi, seed=1)
-            for system, fn in (("a: sampler", lambda: bench_ours(model, prompts, bucket, True,
-                                                                 args.repeats)),
-                               ("b: no prefix sharing",
-                                lambda: bench_ours(model, prompts, bucket, False, args.repeats)),
-                               ("c: transformers", lambda: bench_hf(hf, prompts, args.repeats))):
-                r = Row(name, pname, system, *fn())
+            systems = (("a: sampler", functools.partial(bench_ours, model, prompts, bucket, True)),
+                       ("b: no prefix sharing",
+                        functools.partial(bench_ours, model, prompts, bucket, False)),
+                       ("c: transformers", functools.partial(bench_hf, hf, prompts)))
+            for system, fn in systems:
+                r = Row(name, pname, system, *fn(repeats=args.repeats))
                 results.append(r)
                 print(f"  {pname:5s} {system:22s} {r.tokens_per_s:9.0f} tok/s  prefill "
                       f"{r.prefill_s:6.3f}s decode {r.decode_s:6.3f}s  warm-up {r.warmup_s:5.1f}s",

@@ -165,7 +165,7 @@ class RunCheckpointer:
                 return self._restore(step, template)
             except CheckpointMismatchError:
                 raise
-            except Exception as e:  # noqa: BLE001 - any damage means: try the previous one
+            except Exception as e:
                 print(f"[sagc-jax] checkpoint step {step} in {self.directory} is unreadable "
                       f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
                       "falling back to the previous one", flush=True)
@@ -178,7 +178,8 @@ class RunCheckpointer:
         meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         missing = set(sagc_t) - set(meta["meta"]["sagc_keys"])
         if missing:
-            raise CheckpointMismatchError(f"checkpoint step {step}: SAGC state lacks {sorted(missing)}")
+            raise CheckpointMismatchError(
+                f"checkpoint step {step}: SAGC state lacks {sorted(missing)}")
         got = self.manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(_abstract(pure_t)),
             opt_state=ocp.args.StandardRestore(_abstract(flat_opt)),

@@ -44,9 +44,129 @@ def _simulate(argv: list[str]) -> int:
     return simulate_main(argv)
 
 
+def _eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="sagc-jax eval",
+        description="Greedy accuracy and pass@k of a run's checkpoint or an HF model directory.")
+    p.add_argument("--checkpoint", required=True,
+                   help="run dir, its checkpoints/ dir, a step dir, or an HF model dir")
+    p.add_argument("--data", help="JSONL/Parquet file or built-in task name (default: the run "
+                   "config's eval split)")
+    p.add_argument("--num-samples", type=int, default=8, help="k samples per prompt for pass@k "
+                   "(0 = greedy only; default 8)")
+    p.add_argument("--max-new-tokens", type=int, help="default: the run's sampling value, or 128")
+    p.add_argument("--temperature", type=float, help="default: the run's sampling value, or 1.0")
+    p.add_argument("--limit", type=int, help="evaluate only the first N examples")
+    p.add_argument("--batch-prompts", type=int, default=8, help="prompts per sampler call")
+    p.add_argument("--reward", action="append", metavar="NAME", help="reward function (repeat "
+                   "for several; the first decides correctness); default: the run's rewards")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--out", help="write the metrics and per-prompt results as JSON here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    err = "sagc-jax eval: error:"
+    for name in ("num_samples", "max_new_tokens", "limit", "batch_prompts"):
+        v = getattr(args, name)
+        if v is not None and v < (0 if name == "num_samples" else 1):
+            print(f"{err} --{name.replace('_', '-')} must be positive, got {v}", file=sys.stderr)
+            return 2
+    import json
+    import os
+
+    from sagc_jax.config import ConfigError
+    from sagc_jax.data.readers import DataError
+    from sagc_jax.data.tasks import TASKS, get_task
+    from sagc_jax.evaluate import (
+        CheckpointPathError,
+        evaluate,
+        format_table,
+        load_eval_examples,
+        load_policy,
+        resolve_checkpoint,
+    )
+    from sagc_jax.rl.rewards import RewardFn
+
+    try:
+        # Cheap checks of both paths before any model is loaded.
+        resolve_checkpoint(args.checkpoint)
+        if args.data is not None and not os.path.isfile(args.data) and args.data not in TASKS:
+            raise DataError(f"--data {args.data}: no such file and not a built-in task "
+                            f"({', '.join(sorted(TASKS))})")
+        model, tok, cfg = load_policy(args.checkpoint)
+        examples, task = load_eval_examples(args.data, cfg, limit=args.limit)
+        if args.reward:
+            reward_fns = [RewardFn.from_name(r) for r in args.reward]
+        elif cfg is not None:
+            reward_fns = [RewardFn.from_name(r.name, r.weight) for r in cfg.rewards]
+        else:  # a bare HF model: the task's verifier, or exact-answer matching for a file
+            reward_fns = [RewardFn.from_name(get_task(task).default_reward if task
+                                             else "exact_answer")]
+        s = cfg.sampling if cfg is not None else None
+        result = evaluate(
+            model, tok, examples, reward_fns=reward_fns, num_samples=args.num_samples,
+            max_new_tokens=args.max_new_tokens or (s.max_new_tokens if s else 128),
+            temperature=args.temperature if args.temperature is not None
+            else (s.temperature if s else 1.0),
+            batch_prompts=args.batch_prompts, seed=args.seed,
+            chat_template=cfg.data.chat_template if cfg is not None else False,
+            decode_chunk=s.decode_chunk if s else 16, details=args.out is not None,
+            progress=not args.no_progress)
+    except (CheckpointPathError, ConfigError, DataError, FileNotFoundError) as e:
+        print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, RuntimeError) as e:  # incl. RewardError, mismatched checkpoint
+        print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
+        return 1
+    result = {"checkpoint": args.checkpoint, "data": args.data or "run config eval split",
+              **result}
+    print(format_table(result))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def _export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="sagc-jax export",
+        description="Write a checkpoint as a Hugging Face model dir (config.json, safetensors, "
+                    "tokenizer).")
+    p.add_argument("--checkpoint", required=True,
+                   help="run dir, its checkpoints/ dir, a step dir, or an HF model dir")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    args = p.parse_args(argv)
+    from sagc_jax.evaluate import CheckpointPathError
+    from sagc_jax.export import export
+
+    try:
+        dest = export(args.checkpoint, args.out, overwrite=args.force)
+    except (CheckpointPathError, FileExistsError) as e:
+        print(f"sagc-jax export: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as e:
+        print(f"sagc-jax export: error: {(str(e) or type(e).__name__).splitlines()[0]}",
+              file=sys.stderr)
+        return 1
+    import jax
+
+    if jax.process_index() == 0:
+        print(f"[sagc-jax] exported {args.checkpoint} to {dest}")
+    return 0
+
+
+def _compare(argv: list[str]) -> int:
+    from sagc_jax.compare import compare_main
+
+    return compare_main(argv)
+
+
 COMMANDS = {
     "train": (_train, "train a policy with GRPO + SAGC"),
     "simulate": (_simulate, "compare SAGC with static group sizes on a workload model or trace"),
+    "eval": (_eval, "greedy accuracy and pass@k of a checkpoint or HF model"),
+    "export": (_export, "write a checkpoint as a Hugging Face model directory"),
+    "compare": (_compare, "train SAGC and static-G policies on one config and compare them"),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import signal
 import time
@@ -168,6 +169,16 @@ class Trainer:
             chat_template=cfg.data.chat_template, worker_count=cfg.data.worker_count,
             max_prompt_len=s.prompt_buckets[-1],
             truncate_prompts=s.prompt_too_long == "truncate")
+        self.eval_sampler = None
+        if cfg.run.eval_every > 0:
+            # Greedy held-out accuracy during training; its shapes compile in warm-up too.
+            self.eval_examples = list(load_examples(cfg.data, "eval", seed=cfg.run.seed))
+            self.eval_sampler = Sampler(self.model, config=SamplingConfig(
+                group_sizes=(1,), prompts_per_step=64, prompt_buckets=tuple(s.prompt_buckets),
+                cache_buckets=None if s.cache_buckets is None else tuple(s.cache_buckets),
+                max_new_tokens=s.max_new_tokens, decode_chunk=s.decode_chunk,
+                prompt_too_long=s.prompt_too_long), pad_id=self.pad_id, eos_ids=self.eos_ids,
+                mesh=self.mesh)
         self.writer = RunWriter(self.run_dir, enabled=self.is_main)
         self.start_step = 0
 
@@ -211,7 +222,7 @@ class Trainer:
                                    batch_size=self.cfg.init.sft_batch_size,
                                    seed=self.cfg.run.seed + 1, num_epochs=None,
                                    chat_template=self.cfg.data.chat_template,
-                                   pad_multiple=s.decode_chunk)
+                                   pad_multiple=32)  # few distinct lengths = few compiles
         losses = []
         bar = _progress(range(n), enabled=self.progress and self.is_main, desc="SFT warm start")
         for i, batch in zip(bar, batches):
@@ -228,7 +239,9 @@ class Trainer:
     def warm_up(self) -> float:
         """Compiles every shape (sampler and train step) ahead of step 1; returns seconds."""
         t0 = time.perf_counter()
-        self.sampler.compile_all()
+        self.sampler.compile_all(progress=self.progress and self.is_main)
+        if self.eval_sampler is not None:
+            self.eval_sampler.compile_all(progress=self.progress and self.is_main)
         need_logp = self.cfg.algo.beta > 0 or self.cfg.algo.num_iterations > 1
         shapes = [(g, lp, n) for g in self.group_sizes for lp in self.sampler.config.prompt_buckets
                   for n in self.completion_buckets]
@@ -297,12 +310,7 @@ class Trainer:
             shaped = raw + overlong_penalty(out.lengths, s.max_new_tokens, a.overlong_buffer,
                                             a.overlong_penalty)
             if r == 0:
-                first = Observation(
-                    group_size=g, lengths=np.asarray(out.lengths), truncated=np.asarray(
-                        out.truncated), rewards=raw, max_new_tokens=s.max_new_tokens,
-                    prefill_s=float(out.stats.prefill_s), decode_s=float(out.stats.decode_s),
-                    decode_steps=int(out.stats.decode_steps), rows=len(examples) * g,
-                    prompts=len(examples), decode_chunk=s.decode_chunk)
+                first = self._observation(g, len(examples), out, raw)
             for i, ex in enumerate(examples):
                 sl = slice(i * g, (i + 1) * g)
                 if a.dynamic_sampling and r < rounds - 1 and np.ptp(shaped[sl]) == 0:
@@ -335,6 +343,21 @@ class Trainer:
             examples.append(filler if filler is not None else {"prompt_ids": [self.pad_id]})
         return Rollout(examples, g, tokens, logp, lengths, trunc, rew, raw_r, valid, comps_all,
                        stats, first, errors)
+
+    def _observation(self, g: int, prompts: int, out, rewards: np.ndarray) -> Observation:
+        """What SAGC sees of a rollout; with `sagc.timing: model` the seconds come from the
+        linear time model instead of the clock, so decisions are reproducible."""
+        sc, rows, steps = self.cfg.sagc, prompts * g, int(out.stats.decode_steps)
+        if sc.timing == "model":
+            prefill_s = sc.model_prefill_a + sc.model_prefill_b * rows
+            decode_s = steps * (sc.model_decode_a + sc.model_decode_b * rows)
+        else:
+            prefill_s, decode_s = float(out.stats.prefill_s), float(out.stats.decode_s)
+        return Observation(
+            group_size=g, lengths=np.asarray(out.lengths), truncated=np.asarray(out.truncated),
+            rewards=rewards, max_new_tokens=self.cfg.sampling.max_new_tokens,
+            prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, rows=rows,
+            prompts=prompts, decode_chunk=self.cfg.sampling.decode_chunk)
 
     def make_batch(self, ro: Rollout) -> tuple[dict[str, np.ndarray], int, int]:
         """Host arrays of the train step for a rollout, plus its (prompt, completion) buckets."""
@@ -424,7 +447,9 @@ class Trainer:
                 # The reference must survive donation of self.params in the train step.
                 self.ref_params = jax.tree.map(lambda x: x.copy(), self.params)
             self.writer.resume_from(0)
-            return f"fresh start (SFT losses {['%.3f' % x for x in sft]})" if sft else "fresh"
+            if sft:
+                return f"fresh start; SFT loss {sft[0]:.3f} -> {sft[-1]:.3f}"
+            return "fresh start"
         self.params, self.opt_state = restored.params, restored.opt_state
         self.policy.load_state(restored.sagc)
         self.start_step = restored.step
@@ -445,6 +470,13 @@ class Trainer:
         compile_s = self.warm_up()
         self._log(f"compiled {len(self.sampler.shapes)} sampler shapes and the train steps in "
                   f"{compile_s:.1f}s")
+        if self.eval_sampler is not None and self.start_step == 0:
+            acc = self.eval_greedy()
+            self._log(f"held-out greedy accuracy before GRPO: {acc:.3f} "
+                      f"({len(self.eval_examples)} problems)")
+            if self.is_main:
+                (self.run_dir / "eval_initial.json").write_text(
+                    json.dumps({"step": 0, "eval_accuracy": acc}) + "\n")
         old_handlers = self._install_signal_handlers()
         last = None
         bar = _progress(range(self.start_step, cfg.run.steps),
@@ -453,7 +485,7 @@ class Trainer:
         step = self.start_step
         try:
             for step in bar:
-                row = self.train_one(step)
+                row = self._guarded_step(step)
                 last = row
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(reward=f"{row['reward_mean']:.3f}", G=row["group_size"],
@@ -477,6 +509,46 @@ class Trainer:
             self.writer.close(plots=cfg.run.plots)
         return last or {}
 
+    def eval_greedy(self) -> float:
+        """Greedy accuracy (first reward fn >= 0.5) on the held-out examples."""
+        from sagc_jax.data.tokenizer import encode_prompt
+
+        correct, total = 0, 0
+        ex = self.eval_examples
+        for i in range(0, len(ex), 64):
+            batch = ex[i:i + 64]
+            ids = [encode_prompt(self.tokenizer, e["prompt"], self.cfg.data.chat_template)
+                   for e in batch]
+            out = self.eval_sampler.generate(ids, group_size=1, key=self._rng_key(0, 0),
+                                             greedy=True, params=self.params)
+            comps = [decode_completion(self.tokenizer, r[:n])
+                     for r, n in zip(out.tokens, out.lengths)]
+            res = self._rewards(batch, 1, comps)
+            first = res.per_fn[self.reward_fns[0].name]
+            correct += int((first >= 0.5).sum())
+            total += len(batch)
+        return correct / max(total, 1)
+
+    def _guarded_step(self, step: int) -> dict[str, Any]:
+        """Runs one step; if it fails (a reward fn raises, bad data, non-finite loss) the state
+        from before the step — params, optimizer, SAGC, data position — is checkpointed first,
+        so a fixed run resumes exactly where this one stopped."""
+        data_state = self.data_iter.get_state()
+        sagc_state = {k: np.copy(v) for k, v in self.policy.state.items()}
+        try:
+            return self.train_one(step)
+        except Exception as e:
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            self.data_iter.set_state(data_state)
+            self.policy.load_state(sagc_state)
+            self.ckpt.save(step, self._state(step), force=True)
+            self.ckpt.wait()
+            where = f"state before step {step + 1} saved in {self.ckpt.directory}"
+            if isinstance(e, TrainingError):
+                raise TrainingError(f"{e} ({where})") from e
+            raise TrainingError(f"step {step + 1} failed: {type(e).__name__}: {e} ({where})") from e
+
     def train_one(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         t_step = time.perf_counter()
@@ -491,13 +563,10 @@ class Trainer:
         m = self.update(batch, num_prompts, lp, n)
         train_s = time.perf_counter() - t0
         if m.get("finite", 1.0) < 1:
-            self.ckpt.save(step, self._state(step), force=True)
-            self.ckpt.wait()
             raise TrainingError(
                 f"non-finite loss or gradient at step {step + 1} (loss={m.get('loss')}, "
-                f"grad_norm={m.get('grad_norm')}); params were not updated and the state before "
-                f"this step is saved in {self.ckpt.directory} (step {step}). Lower optim.lr or "
-                "check the rewards.")
+                f"grad_norm={m.get('grad_norm')}); params were not updated. Lower optim.lr or "
+                "check the rewards")
         sagc_m = self.policy.observe(ro.first_round)
         self._sync_model()
         v = ro.valid
@@ -520,6 +589,11 @@ class Trainer:
             "prefill_s": ro.stats["prefill_s"], "decode_s": ro.stats["decode_s"],
             "reward_s": ro.stats["reward_s"], "rollout_s": rollout_s, "train_s": train_s,
         }
+        ev = cfg.run.eval_every
+        if ev > 0 and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
+            t0 = time.perf_counter()
+            row["eval_accuracy"] = self.eval_greedy()
+            row["eval_s"] = time.perf_counter() - t0
         row["compiles"] = compile_count() - c0
         row["step_s"] = time.perf_counter() - t_step
         trace = {"step": step + 1, "group_size": g, "max_new_tokens": cfg.sampling.max_new_tokens,

@@ -38,7 +38,10 @@ def _batch(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def _run(mesh_shape: tuple[int, int, int], batch, settings=LossSettings(beta=0.04, max_tokens=N),
+SETTINGS = LossSettings(beta=0.04, max_tokens=N)
+
+
+def _run(mesh_shape: tuple[int, int, int], batch, settings=SETTINGS,
          micro_rows=None, steps: int = 2):
     devices = jax.devices()[: int(np.prod(mesh_shape))]
     mesh = make_mesh(*mesh_shape, devices=devices)
@@ -112,6 +115,6 @@ def test_nonfinite_loss_leaves_state_unchanged():
 def test_loss_changes_with_settings(single):
     """Sanity: the clip range is really wired in (a tiny clip range changes the loss)."""
     _, m1 = single
-    s = dataclasses.replace(LossSettings(beta=0.04, max_tokens=N), epsilon=0.01, epsilon_high=0.01)
+    s = dataclasses.replace(SETTINGS, epsilon=0.01, epsilon_high=0.01)
     _, m2 = _run((1, 1, 1), _batch(), settings=s)
     assert m2[0]["clip_frac"] > m1[0]["clip_frac"] + 0.1

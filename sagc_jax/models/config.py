@@ -76,7 +76,8 @@ class ModelConfig:
             raise ValueError(f"model config field '{field}': {why}")
 
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            bad("model_type", f"unsupported '{self.model_type}', supported: {SUPPORTED_MODEL_TYPES}")
+            bad("model_type",
+                f"unsupported '{self.model_type}', supported: {SUPPORTED_MODEL_TYPES}")
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                   "num_kv_heads", "head_dim"):
             if int(getattr(self, f)) < 1:

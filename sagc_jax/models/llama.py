@@ -8,7 +8,8 @@ updated in place inside the scan carry.
 Call contract:
 - `model(ids)`: ids [B, T] right-aligned, unpadded -> logits [B, T, V] float32.
 - `model(ids, positions=..., kv_mask=...)`: padded input; positions [B, T] int, kv_mask [B, T]
-  bool (False on padding). Causality is by slot index.
+  bool (False on padding). Causality is by slot index. `last_only=True` returns logits of the
+  last position only ([B, 1, V]).
 - `model(ids, positions=..., kv_mask=..., cache=cache, cache_index=i)`: writes the T new keys/values
   at slots [i, i+T) of the cache and attends to every slot j <= i+t with kv_mask[b, j] True;
   kv_mask is [B, S] over cache slots. Returns (logits, new_cache).
@@ -29,14 +30,22 @@ _NEG_INF = -1e30  # finite, so fully masked (padding) query rows give uniform we
 
 
 class KVCache(NamedTuple):
-    """Stacked key/value cache: k, v [layers, batch, slots, kv_heads, head_dim] (compute dtype)."""
+    """Stacked key/value cache: k, v [layers, batch, kv_heads, slots, head_dim] (compute dtype).
+
+    Heads before slots so attention reads a layer's cache as stored: decode is bound by reading
+    the cache, and a [slots, heads] layout would cost a transposed copy of it every step.
+    """
 
     k: jax.Array
     v: jax.Array
 
+    @property
+    def slots(self) -> int:
+        return self.k.shape[3]
+
 
 def init_cache(cfg: ModelConfig, batch: int, slots: int) -> KVCache:
-    shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, slots, cfg.head_dim)
     dt = jnp.dtype(cfg.dtype)
     return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
 
@@ -63,7 +72,8 @@ class DecoderLayers(nnx.Module):
             return nnx.Param(jnp.zeros((L, *shape), jnp.float32))
 
         self.attn_norm = nnx.Param(jnp.ones((L, H), jnp.float32))
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = w(H, qd), w(H, kvd), w(H, kvd), w(qd, H)
+        self.q_proj, self.k_proj = w(H, qd), w(H, kvd)
+        self.v_proj, self.o_proj = w(H, kvd), w(qd, H)
         self.mlp_norm = nnx.Param(jnp.ones((L, H), jnp.float32))
         self.gate_proj, self.up_proj, self.down_proj = w(H, I), w(H, I), w(I, H)
         if cfg.qkv_bias:
@@ -77,16 +87,16 @@ class DecoderLayers(nnx.Module):
 def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention.
 
-    q [B, T, N, D], k/v [B, S, K, D], mask [B, T, S] bool -> [B, T, N*D].
+    q [B, T, N, D], k/v [B, K, S, D], mask [B, T, S] bool -> [B, T, N*D].
     Scores and softmax in float32; N = K * R query heads share each kv head.
     """
     B, T, N, D = q.shape
-    K = k.shape[2]
+    K = k.shape[1]
     q = q.reshape(B, T, K, N // K, D)
-    scores = jnp.einsum("btkrd,bskd->bkrts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkrd,bksd->bkrts", q, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores * (D ** -0.5), _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkrts,bskd->btkrd", probs, v)
+    out = jnp.einsum("bkrts,bksd->btkrd", probs, v)
     return out.reshape(B, T, N * D)
 
 
@@ -110,12 +120,13 @@ class Transformer(nnx.Module):
         kv_mask: jax.Array | None = None,
         cache: KVCache | None = None,
         cache_index: jax.Array | int = 0,
+        last_only: bool = False,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T = input_ids.shape
         q_slots = jnp.asarray(cache_index, jnp.int32) + jnp.arange(T, dtype=jnp.int32)
-        S = T if cache is None else cache.k.shape[2]
+        S = T if cache is None else cache.slots
         if positions is None:
             positions = jnp.broadcast_to(q_slots, (B, T))
         if kv_mask is None:
@@ -123,11 +134,13 @@ class Transformer(nnx.Module):
         mask = (jnp.arange(S)[None, None, :] <= q_slots[None, :, None]) & kv_mask[:, None, :]
 
         inv_freq = inv_frequencies(cfg)
-        x = jnp.take(self.embed[...], input_ids, axis=0).astype(dt)
+        x = jnp.take(self.embed[...], input_ids.reshape(-1), axis=0).astype(dt)  # [B*T, H]
         params = {k: v.astype(dt) for k, v in nnx.to_pure_dict(nnx.state(self.layers)).items()}
         n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
         def block(carry, layer):
+            # Activations stay 2-D [B*T, H] around the dense layers: XLA:CPU's backward for
+            # [B, T, H] @ [H, O] (two batch dims contracted for the weight grad) is ~2x slower.
             x, cache = carry
             p, idx = layer
             h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
@@ -135,15 +148,15 @@ class Transformer(nnx.Module):
             if cfg.qkv_bias:
                 q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
             q = apply_rope(q.reshape(B, T, n, d), positions, inv_freq)
-            k = apply_rope(k.reshape(B, T, kv, d), positions, inv_freq)
-            v = v.reshape(B, T, kv, d)
+            k = apply_rope(k.reshape(B, T, kv, d), positions, inv_freq).transpose(0, 2, 1, 3)
+            v = v.reshape(B, T, kv, d).transpose(0, 2, 1, 3)  # [B, K, T, D], the cache layout
             if cache is not None:
                 # In-place write of this layer's new slots; then attend over the whole cache.
-                start = (idx, 0, jnp.asarray(cache_index, jnp.int32), 0, 0)
+                start = (idx, 0, 0, jnp.asarray(cache_index, jnp.int32), 0)
                 cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None], start),
                                 jax.lax.dynamic_update_slice(cache.v, v[None], start))
                 k, v = cache.k[idx], cache.v[idx]
-            attn = _attention(q, k, v, mask) @ p["o_proj"]
+            attn = _attention(q, k, v, mask).reshape(B * T, n * d) @ p["o_proj"]
             if cfg.o_bias:
                 attn = attn + p["o_bias"]
             x = x + attn
@@ -160,7 +173,10 @@ class Transformer(nnx.Module):
             block = jax.checkpoint(block)
         (x, cache), _ = jax.lax.scan(block, (x, cache),
                                      (params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+        if last_only:  # prefill needs one position: skip the [B, T, V] logits
+            x, T = x.reshape(B, T, -1)[:, -1], 1
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
-        logits = jnp.einsum("bth,hv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
+        logits = jnp.dot(x, head.astype(dt), preferred_element_type=jnp.float32)
+        logits = logits.reshape(B, T, cfg.vocab_size)
         return logits if cache is None else (logits, cache)

@@ -18,7 +18,8 @@ def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
     if cfg.rope_type == "linear":
         inv = inv / float(p["factor"])
     elif cfg.rope_type == "llama3":
-        factor, lo, hi = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        factor = float(p["factor"])
+        lo, hi = float(p["low_freq_factor"]), float(p["high_freq_factor"])
         old_ctx = float(p["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv
         scaled = np.where(wavelen > old_ctx / lo, inv / factor, inv)

@@ -56,7 +56,8 @@ def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh,
         raise KeyError(f"no sharding rule for parameter '{path}'")
     axes = param_axes[path]
     if len(axes) != len(shape):
-        raise ValueError(f"sharding rule for '{path}' has {len(axes)} axes, param has shape {shape}")
+        raise ValueError(f"sharding rule for '{path}' has {len(axes)} axes, "
+                         f"param has shape {shape}")
     out = []
     for logical, size in zip(axes, shape):
         mesh_axis = logical_to_mesh.get(logical) if logical else None

@@ -69,6 +69,14 @@ class SAGCConfig:
     mc_samples: int = 64  # Monte-Carlo subsets / bootstrap draws per group and candidate
     prior_a: float = 0.5  # Beta prior on each candidate's risk (Jeffreys)
     prior_b: float = 0.5
+    # Where the per-shape step cost comes from. "measured": wall-clock of each rollout (true to
+    # the hardware, but G then depends on timing noise, so two runs of one seed can diverge).
+    # "model": seconds from the linear model below (deterministic: exact resume and replay).
+    timing: str = "measured"
+    model_decode_a: float = 0.02  # s per decode step, independent of rows (weight reads)
+    model_decode_b: float = 2.5e-5  # s per row per decode step
+    model_prefill_a: float = 0.05  # s per prefill call
+    model_prefill_b: float = 2.0e-4  # s per prefill row
 
     def __post_init__(self) -> None:
         # YAML gives lists; keep the dataclass hashable and comparisons exact.
@@ -125,6 +133,11 @@ class SAGCConfig:
                 bad("rollouts_per_step", f"divisible by every group size {list(gs)}")
         if not isinstance(self.seed, int):
             bad("seed", "an integer")
+        if self.timing not in ("measured", "model"):
+            bad("timing", "one of 'measured', 'model'")
+        for f in ("model_decode_a", "model_decode_b", "model_prefill_a", "model_prefill_b"):
+            if not (isinstance(getattr(self, f), int | float) and getattr(self, f) >= 0):
+                bad(f, ">= 0 (seconds)")
         if not (0.0 < self.cost_ema <= 1.0):
             bad("cost_ema", "in (0, 1]")
         if not (

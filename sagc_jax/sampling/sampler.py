@@ -315,7 +315,7 @@ class Sampler:
 
     def _prefill_impl(self, pure: dict, ids: jax.Array, lens: jax.Array, *,
                       g: int) -> tuple[KVCache, jax.Array]:
-        """ids [P, Lp], lens [P] -> (cache [layers, P*g, S, kv, d] x2, last logits [P*g, V])."""
+        """ids [P, Lp], lens [P] -> (cache [layers, P*g, kv, S, d] x2, last logits [P*g, V])."""
         model = self._merge(pure)
         lp = ids.shape[1]
         s_slots = self._shape[(g, lp)].cache_bucket
@@ -327,7 +327,7 @@ class Sampler:
         kv_mask = jnp.arange(s_slots)[None] >= pad[:, None]
         cache = init_cache(self.cfg, b, s_slots)
         logits, cache = model(ids, positions=positions, kv_mask=kv_mask, cache=cache,
-                              cache_index=0)
+                              cache_index=0, last_only=True)
         last = logits[:, -1]
         if self.config.prefix_sharing and g > 1:
             cache = KVCache(*(jnp.repeat(x, g, axis=1) for x in cache))
@@ -349,7 +349,7 @@ class Sampler:
         c = self.config
         model = self._merge(pure)
         rows = last.shape[0]
-        s_slots = cache.k.shape[2]
+        s_slots = cache.slots
         nbuf = c.out_buffer
         row = jnp.arange(rows, dtype=jnp.int32)
         lens = jnp.repeat(lens, g, axis=0)

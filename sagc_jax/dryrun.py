@@ -1,0 +1,452 @@
+"""Dry run: validate a config against a mesh and estimate per-device memory, with no weights.
+
+``dry_run(cfg)`` builds the policy abstractly (``nnx.eval_shape``: shapes only, nothing is
+allocated), from ``model.path``'s ``config.json`` alone or from the ``model.*`` fields, resolves
+the mesh for the current (or a given) device count, lists the compiled shape set (sampler and
+train step) and estimates the bytes every device holds. Paths that do not exist here (tokenizer,
+data files) are reported as ``not checked (path missing)``, so a TPU pod config can be checked on
+a laptop::
+
+    python -m sagc_jax.dryrun --config configs/qwen2.5-1.5b_gsm8k_tpu-v5e-16.yaml \\
+        --num-devices 16 --num-processes 4 model.path=/tmp/qwen1.5b-config-only
+
+Memory model (bytes per device; "sharded over k" means divided by k):
+- params: float32 (the trainer stores params in f32; compute casts to ``model.dtype``), sharded
+  by ``models/sharding.py`` rules; AdamW state 2 x f32 and gradients 1 x f32 with the same
+  sharding; a frozen reference copy when ``algo.beta > 0``.
+- sampler: KV cache ``layers x rows x cache_len x kv_heads x head_dim x 2 x dtype bytes``, rows
+  sharded over data x fsdp when they divide (the sampler replicates otherwise), plus one
+  compute-dtype copy of the weights (the forward casts the stacked layers once per call).
+- train step, per micro-batch: float32 logits ``rows x seq x vocab`` (vocab over ``tensor``)
+  and a rough activation estimate (residuals per layer with ``model.remat``, else the whole
+  layer's intermediates incl. attention scores). These are estimates, not XLA's buffer plan.
+Sampling and the update do not overlap, so peak = static + max(sampler peak, train peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import AbstractMesh
+
+from sagc_jax.config import Config, ConfigError
+from sagc_jax.models import ModelConfig, Transformer, from_hf_dict
+from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
+from sagc_jax.parallel import BATCH_AXES, MESH_AXES
+
+__all__ = ["DryRunError", "dry_run", "format_report", "main", "model_config_for"]
+
+MISSING = "not checked (path missing)"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class DryRunError(ValueError):
+    """The config cannot run at all (bad mesh, unreadable model config...); one line."""
+
+
+# --------------------------------------------------------------------------------------------
+# Model (abstract)
+# --------------------------------------------------------------------------------------------
+
+
+def _tokenizer_check(path: str | None) -> tuple[str, int | None]:
+    """(status, vocab length) of ``model.tokenizer``; loads only what exists locally."""
+    if path is not None and not os.path.exists(path):
+        return MISSING, None
+    if path is not None and os.path.isdir(path) and not any(
+            os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+        return "not checked (no tokenizer files)", None
+    from sagc_jax.data.tokenizer import load_tokenizer
+
+    try:
+        tok = load_tokenizer(path)
+    except ValueError as e:
+        return f"error: {str(e).splitlines()[0]}", None
+    return f"ok ({len(tok)} tokens)", len(tok)
+
+
+def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelConfig, str]:
+    """The architecture the trainer would build, and where it came from.
+
+    ``model.path``: its ``config.json`` only (no weights). Fresh model: the ``model.*`` fields with
+    ``vocab_size`` (the tokenizer's length, which the caller supplies).
+    """
+    m = cfg.model
+    if m.path is not None:
+        cfg_file = os.path.join(m.path, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise DryRunError(f"model.path: no config.json in {m.path!r} (only config.json is "
+                              "read by a dry run; override with model.path=DIR)")
+        try:
+            with open(cfg_file, encoding="utf-8") as fh:
+                hf = json.load(fh)
+            mcfg = from_hf_dict(hf, dtype=m.dtype)
+        except (OSError, ValueError) as e:
+            raise DryRunError(f"model.path: {cfg_file}: {e}") from None
+        return ModelConfig(**{**_asdict(mcfg), "remat": m.remat}), f"hf config {cfg_file}"
+    if vocab_size is None:
+        raise DryRunError("model.tokenizer: needed for the vocabulary size of a fresh model, "
+                          f"but {m.tokenizer!r} does not exist here")
+    mcfg = ModelConfig(
+        model_type=m.model_type, vocab_size=vocab_size, hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads, head_dim=m.head_dim or m.hidden_size // m.num_heads,
+        rope_theta=m.rope_theta, max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_word_embeddings,
+        qkv_bias=m.attention_bias or m.model_type == "qwen2",
+        o_bias=m.attention_bias and m.model_type == "llama", dtype=m.dtype, remat=m.remat)
+    return mcfg, "fresh (model.* fields)"
+
+
+def _asdict(mcfg: ModelConfig) -> dict[str, Any]:
+    return {f: getattr(mcfg, f) for f in mcfg.__dataclass_fields__}
+
+
+def _abstract_params(mcfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Flat {dotted path: ShapeDtypeStruct} of the model's params; nothing is allocated."""
+    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    flat: dict[str, jax.ShapeDtypeStruct] = {}
+
+    def walk(tree: Any, prefix: str) -> None:
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk(pure, "")
+    return flat
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes and bytes
+# --------------------------------------------------------------------------------------------
+
+
+def _ways(mesh: AbstractMesh, axes: Sequence[str]) -> int:
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def _param_bytes_per_device(params: dict[str, jax.ShapeDtypeStruct], mesh: AbstractMesh,
+                            bytes_per_elem: int) -> tuple[int, list[str]]:
+    """Per-device bytes of one copy of the params at ``bytes_per_elem``, and the params a rule
+    meant to shard that stay replicated because their dim does not divide the mesh axis."""
+    total, replicated = 0, []
+    for path, x in params.items():
+        spec = spec_for(path, tuple(x.shape), mesh)
+        shards = math.prod(mesh.shape[a] for a in spec if a is not None)
+        total += math.ceil(math.prod(x.shape) / shards) * bytes_per_elem
+        wanted = [LOGICAL_TO_MESH.get(ax) if ax else None for ax in LLAMA_PARAM_AXES[path]]
+        if any(w is not None and mesh.shape[w] > 1 and s is None for w, s in zip(wanted, spec)):
+            replicated.append(path)
+    return total, replicated
+
+
+def _completion_buckets(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
+    """The trainer's train-step completion lengths (``trainer.completion_buckets``)."""
+    try:
+        from sagc_jax.trainer import completion_buckets
+    except ImportError:  # pragma: no cover - keep the dry run usable while trainer.py changes
+        half = -(-(max_new_tokens // 2) // chunk) * chunk
+        return tuple(sorted({min(half, max_new_tokens), max_new_tokens}))
+    return tuple(completion_buckets(max_new_tokens, chunk))
+
+
+def _activation_bytes(mcfg: ModelConfig, rows: int, seq: int, dt_bytes: int) -> int:
+    """Rough activations kept for the backward pass of ``rows x seq`` tokens."""
+    h, i, hd = mcfg.hidden_size, mcfg.intermediate_size, mcfg.head_dim
+    qd, kvd = mcfg.num_heads * hd, mcfg.num_kv_heads * hd
+    tok = rows * seq
+    per_layer_full = (tok * (4 * h + 2 * qd + 2 * kvd + 3 * i) * dt_bytes
+                      + rows * mcfg.num_heads * seq * seq * (4 + dt_bytes))
+    if mcfg.remat:  # residual stream per layer + one layer recomputed at a time
+        return mcfg.num_layers * tok * h * dt_bytes + per_layer_full
+    return mcfg.num_layers * per_layer_full
+
+
+def _gib(n: float) -> str:
+    """Bytes as a fixed-width GiB (>= 1 GiB) or MiB string."""
+    return f"{n / 2**30:8.2f} GiB" if n >= 2**30 else f"{n / 2**20:8.1f} MiB"
+
+
+# --------------------------------------------------------------------------------------------
+# The dry run
+# --------------------------------------------------------------------------------------------
+
+
+def _check_paths(cfg: Config) -> dict[str, str]:
+    d = cfg.data
+    out: dict[str, str] = {}
+    if d.task is not None:
+        from sagc_jax.data.tasks import TASKS
+
+        out["data.task"] = ("ok" if d.task in TASKS
+                            else f"error: unknown task (built-ins: {', '.join(sorted(TASKS))})")
+    for key, path in (("data.train_file", d.train_file), ("data.eval_file", d.eval_file)):
+        if path is not None:
+            out[key] = f"exists ({os.path.getsize(path)} bytes)" if os.path.isfile(path) \
+                else MISSING
+    from sagc_jax.rl.rewards import resolve_reward
+
+    for i, r in enumerate(cfg.rewards):
+        try:
+            resolve_reward(r.name)
+            out[f"rewards[{i}].name"] = f"ok ({r.name}, weight {r.weight:g})"
+        except ValueError as e:
+            out[f"rewards[{i}].name"] = f"error: {str(e).splitlines()[0]}"
+    return out
+
+
+def dry_run(cfg: Config, *, num_devices: int | None = None,
+            num_processes: int | None = None, device_memory_bytes: int | None = None
+            ) -> dict[str, Any]:
+    """Validate ``cfg`` against a mesh and estimate sizes; returns a JSON-able dict.
+
+    Args:
+      cfg: a validated config.
+      num_devices: total devices of the target (default ``jax.device_count()``), so a TPU pod
+        config can be checked anywhere.
+      num_processes: hosts of the target (default: ``jax.process_count()`` when ``num_devices``
+        is not given, else ``distributed.num_processes`` or 1).
+      device_memory_bytes: per-device memory to compare the estimate with (default: the local
+        accelerator's ``bytes_limit`` when checking this machine, else unchecked).
+
+    Returns:
+      ``{"ok", "errors", "warnings", "mesh", "model", "checks", "sampler_shapes",
+      "train_shapes", "memory", ...}``; byte counts are per device.
+
+    Raises:
+      DryRunError: the mesh does not fit the device count, or the model config is unreadable.
+    """
+    errors: list[str] = []
+    warnings: list[str] = []
+    local = num_devices is None
+    n_dev = jax.device_count() if local else int(num_devices)
+    if num_processes is None:
+        num_processes = jax.process_count() if local else (cfg.distributed.num_processes or 1)
+    if n_dev < 1 or num_processes < 1 or n_dev % num_processes:
+        raise DryRunError(f"{n_dev} devices do not split evenly over {num_processes} processes")
+    try:
+        shape = cfg.mesh.shape(n_dev)
+    except ConfigError as e:
+        raise DryRunError(str(e)) from None
+    mesh = AbstractMesh(shape, MESH_AXES)
+    data, fsdp, tensor = shape
+    batch_ways = _ways(mesh, BATCH_AXES)
+
+    # ---- model, tokenizer, data paths ------------------------------------------------------
+    tok_status, tok_len = _tokenizer_check(cfg.model.tokenizer)
+    checks = {"model.tokenizer": tok_status, **_check_paths(cfg)}
+    mcfg, source = model_config_for(cfg, tok_len)
+    if tok_len is not None and tok_len > mcfg.vocab_size:
+        errors.append(f"model.tokenizer: {tok_len} tokens but the model's vocab_size is "
+                      f"{mcfg.vocab_size}")
+    errors += [f"{k}: {v[len('error: '):]}" for k, v in checks.items() if v.startswith("error")]
+    params = _abstract_params(mcfg)
+    n_params = sum(math.prod(x.shape) for x in params.values())
+    dt_bytes = jnp.dtype(mcfg.dtype).itemsize
+
+    # ---- static memory ---------------------------------------------------------------------
+    p_f32, replicated = _param_bytes_per_device(params, mesh, 4)
+    p_compute, _ = _param_bytes_per_device(params, mesh, dt_bytes)
+    if replicated:
+        warnings.append(f"params replicated instead of sharded (dim does not divide the mesh "
+                        f"axis): "
+                        f"{', '.join(replicated)}")
+    memory = {"params": p_f32, "optimizer": 2 * p_f32, "gradients": p_f32,
+              "reference": p_f32 if cfg.algo.beta > 0 else 0}
+    memory["static"] = sum(memory.values())
+
+    # ---- compiled shapes -------------------------------------------------------------------
+    from sagc_jax.sagc.controller import prompts_for
+
+    s, a = cfg.sampling, cfg.algo
+    prompts: dict[int, int] = {}
+    for g in cfg.sagc.group_sizes:
+        try:
+            prompts[g] = prompts_for(cfg.sagc, g, cfg.data.prompts_per_step)
+        except ValueError as e:
+            errors.append(str(e))
+    if not prompts:
+        raise DryRunError("; ".join(errors) or "no group sizes")
+    kv_tok = mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2 * dt_bytes
+    sampler_shapes, train_shapes = [], []
+    multi = num_processes > 1
+    for g, p in prompts.items():
+        rows = p * g
+        split = rows % batch_ways == 0
+        if not split:
+            msg = (f"rows {rows} (= {p} prompts x G {g}) do not divide data x fsdp = "
+                   f"{batch_ways}")
+            if multi:
+                errors.append(msg + ": host-local batches cannot form the global batch")
+            else:
+                warnings.append(msg + ": the batch is replicated (correct, not data-parallel)")
+        if multi and p % num_processes:
+            errors.append(f"prompts {p} at G {g} do not divide the {num_processes} processes "
+                          "(each host samples whole groups of its own prompts)")
+        shards = batch_ways if split else 1
+        for lp in s.prompt_buckets:
+            cache = _cache_bucket(lp, s.max_new_tokens, s.cache_buckets)
+            kv = math.ceil(rows / shards) * cache * kv_tok
+            sampler_shapes.append({"group_size": g, "prompts": p, "rows": rows,
+                                   "prompt_bucket": lp, "cache_bucket": cache,
+                                   "rows_per_device": math.ceil(rows / shards),
+                                   "kv_cache_bytes": kv,
+                                   "decode_logits_bytes": math.ceil(rows / shards)
+                                   * mcfg.vocab_size * 4})
+        mb = a.micro_batch_rows if a.micro_batch_rows is not None and a.micro_batch_rows < rows \
+            else rows
+        if rows % mb:
+            errors.append(f"algo.micro_batch_rows: {mb} must divide the batch rows {rows} "
+                          f"(prompts {p} x G {g})")
+        elif split and mb % batch_ways:
+            warnings.append(f"algo.micro_batch_rows: {mb} does not divide data x fsdp = "
+                            f"{batch_ways}: micro-batches are resharded every step")
+        mb_dev = math.ceil(mb / shards)
+        vocab_ways = tensor if mcfg.vocab_size % tensor == 0 else 1
+        for lp in s.prompt_buckets:
+            for n in _completion_buckets(s.max_new_tokens, s.decode_chunk):
+                seq = lp + n
+                train_shapes.append({
+                    "group_size": g, "prompts": p, "rows": rows, "micro_batch_rows": mb,
+                    "micro_batches": rows // mb if rows % mb == 0 else None,
+                    "prompt_bucket": lp, "completion_bucket": n, "seq_len": seq,
+                    "logits_bytes": mb_dev * seq * mcfg.vocab_size * 4 // vocab_ways,
+                    "activation_bytes": _activation_bytes(mcfg, mb_dev, seq, dt_bytes)})
+    longest = max(x["cache_bucket"] for x in sampler_shapes)
+    if longest > mcfg.max_position_embeddings:
+        warnings.append(f"cache bucket {longest} exceeds max_position_embeddings "
+                        f"{mcfg.max_position_embeddings}")
+
+    sampler_peak = max(x["kv_cache_bytes"] + x["decode_logits_bytes"] for x in sampler_shapes)
+    sampler_peak += p_compute  # the compute-dtype copy of the weights made by each forward
+    train_peak = max(2 * x["logits_bytes"] + x["activation_bytes"] for x in train_shapes)
+    memory.update(sampler_peak=sampler_peak, train_peak=train_peak,
+                  peak=memory["static"] + max(sampler_peak, train_peak))
+    if device_memory_bytes is None and local:
+        device_memory_bytes = _local_device_memory()
+    if device_memory_bytes is not None and memory["peak"] > device_memory_bytes:
+        warnings.append(f"estimated peak {memory['peak'] / 2**30:.1f} GiB per device exceeds "
+                        f"the {device_memory_bytes / 2**30:.1f} GiB available")
+    n_prog = len(sampler_shapes) * 2 + len(train_shapes) * (
+        1 + (a.beta > 0 or a.num_iterations > 1))
+    return {
+        "ok": not errors, "errors": errors, "warnings": warnings,
+        "devices": n_dev, "processes": num_processes,
+        "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}, "batch_shards": batch_ways,
+        "model": {"source": source, "model_type": mcfg.model_type,
+                  "vocab_size": mcfg.vocab_size, "hidden_size": mcfg.hidden_size,
+                  "intermediate_size": mcfg.intermediate_size, "num_layers": mcfg.num_layers,
+                  "num_heads": mcfg.num_heads, "num_kv_heads": mcfg.num_kv_heads,
+                  "head_dim": mcfg.head_dim, "tied": mcfg.tie_word_embeddings,
+                  "dtype": mcfg.dtype, "remat": mcfg.remat, "num_params": n_params,
+                  "kv_bytes_per_token": kv_tok},
+        "checks": checks, "sampler_shapes": sampler_shapes, "train_shapes": train_shapes,
+        "compiled_programs": n_prog, "memory": memory,
+        "device_memory_bytes": device_memory_bytes,
+    }
+
+
+def _cache_bucket(lp: int, max_new: int, buckets: Sequence[int] | None) -> int:
+    need = lp + max_new
+    if buckets is None:
+        return need
+    for b in buckets:
+        if b >= need:
+            return int(b)
+    raise DryRunError(f"sampling.cache_buckets: no bucket >= {need} (prompt bucket {lp} + "
+                      f"max_new_tokens {max_new})")
+
+
+def _local_device_memory() -> int | None:
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # CPU backends have no memory stats
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+# --------------------------------------------------------------------------------------------
+# Printing and the command line
+# --------------------------------------------------------------------------------------------
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """Human-readable text of a :func:`dry_run` result."""
+    m, mem = r["model"], r["memory"]
+    mesh = r["mesh"]
+    lines = [
+        f"dry run: {r['devices']} devices, {r['processes']} process(es), mesh data={mesh['data']} "
+        f"fsdp={mesh['fsdp']} tensor={mesh['tensor']} (batch rows over {r['batch_shards']})",
+        f"model: {m['model_type']} from {m['source']}: {m['num_params'] / 1e6:.1f}M params, "
+        f"{m['num_layers']} layers, hidden {m['hidden_size']}, heads {m['num_heads']}/"
+        f"{m['num_kv_heads']} kv x {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}, "
+        f"remat={m['remat']}",
+        "checks:",
+        *[f"  {k:22s} {v}" for k, v in r["checks"].items()],
+        "sampler shapes (G, prompts, rows, prompt bucket, cache bucket -> KV cache/device):",
+        *[f"  G={x['group_size']:<3d} P={x['prompts']:<4d} rows={x['rows']:<5d} "
+          f"Lp={x['prompt_bucket']:<5d} cache={x['cache_bucket']:<6d} "
+          f"{_gib(x['kv_cache_bytes'])}" for x in r["sampler_shapes"]],
+        "train-step shapes (G, rows, micro-batch, seq = Lp + completion -> logits, activations):",
+        *[f"  G={x['group_size']:<3d} rows={x['rows']:<5d} mb={x['micro_batch_rows']:<4d} "
+          f"seq={x['prompt_bucket']}+{x['completion_bucket']:<5d} logits {_gib(x['logits_bytes'])}"
+          f"  act~{_gib(x['activation_bytes'])}" for x in r["train_shapes"]],
+        f"compiled programs: {r['compiled_programs']}",
+        "memory per device (estimate):",
+        f"  params f32          {_gib(mem['params'])}",
+        f"  AdamW state 2xf32   {_gib(mem['optimizer'])}",
+        f"  gradients f32       {_gib(mem['gradients'])}",
+    ]
+    if mem["reference"]:
+        lines.append(f"  reference params    {_gib(mem['reference'])}")
+    lines += [
+        f"  sampler peak        {_gib(mem['sampler_peak'])}  (KV cache + weights copy)",
+        f"  train peak          {_gib(mem['train_peak'])}  (logits x2 + activations)",
+        f"  total peak          {_gib(mem['peak'])}"
+        + (f"  of {_gib(r['device_memory_bytes']).strip()}" if r["device_memory_bytes"] else ""),
+    ]
+    lines += [f"warning: {w}" for w in r["warnings"]]
+    lines += [f"error: {e}" for e in r["errors"]]
+    lines.append("dry run: OK" if r["ok"] else f"dry run: {len(r['errors'])} error(s)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]``."""
+    p = argparse.ArgumentParser(prog="python -m sagc_jax.dryrun", description=__doc__.split(
+        "\n")[0])
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--num-devices", type=int, help="target device count (default: this machine)")
+    p.add_argument("--num-processes", type=int, help="target host count")
+    p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    args = p.parse_intermixed_args(argv)
+    from sagc_jax.config import load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
+        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
+                         device_memory_bytes=mem)
+    except (ConfigError, DryRunError) as e:
+        print(f"dry run: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

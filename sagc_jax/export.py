@@ -1,0 +1,55 @@
+"""Export a trained policy as a Hugging Face model directory.
+
+`export(checkpoint, out)` loads the params of a run / step / HF directory with
+`evaluate.load_policy` and writes `config.json` + `model.safetensors` (float32, torch names) and
+the tokenizer files, which `transformers.AutoModelForCausalLM.from_pretrained` loads and
+generates from. The run's resolved config is copied as `sagc_jax_config.yaml`, so
+`sagc-jax eval` on the exported directory keeps the run's default eval data and rewards
+(transformers ignores the file).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from sagc_jax.config import save_config
+from sagc_jax.evaluate import CONFIG_IN_HF_DIR, load_policy
+from sagc_jax.models import save_pretrained
+
+__all__ = ["export"]
+
+
+def export(
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    tokenizer: Any = None,
+) -> Path:
+    """Writes the HF directory `out` for `checkpoint`; returns its absolute path.
+
+    Every process takes part (sharded params are gathered), only process 0 writes.
+
+    Raises:
+      CheckpointPathError: `checkpoint` is not loadable (see `load_policy`).
+      FileExistsError: `out` is the checkpoint itself, or exists and is not empty (unless
+        `overwrite`).
+    """
+    dest = Path(out).expanduser().absolute()
+    src = Path(checkpoint).expanduser().absolute()
+    if dest == src:
+        raise FileExistsError(f"refusing to export into the checkpoint directory itself ({dest})")
+    # Only the writer checks: on a shared filesystem the others could see process 0's files.
+    if (jax.process_index() == 0 and not overwrite and dest.exists()
+            and (not dest.is_dir() or any(dest.iterdir()))):
+        raise FileExistsError(f"export directory {dest} exists and is not empty "
+                              "(choose another --out or pass --force)")
+    model, tok, cfg = load_policy(src, tokenizer=tokenizer)
+    save_pretrained(model, dest, tokenizer=tok)  # gathers on every process, process 0 writes
+    if jax.process_index() == 0 and cfg is not None:
+        save_config(cfg, dest / CONFIG_IN_HF_DIR)
+    return dest

@@ -1,0 +1,210 @@
+"""Dry runs of every shipped config (no weights, data or tokenizer download), launch scripts'
+syntax, and the GPU benchmark's CPU smoke mode.
+
+Configs that name an HF model directory get a fake one holding only a config.json with the
+public Qwen2.5 architecture numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sagc_jax.config import load_config
+from sagc_jax.dryrun import DryRunError, dry_run, format_report, main
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))  # not configs/sim: those are simulator ones
+
+_QWEN_COMMON = dict(
+    architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6,
+    rope_theta=1e6, max_position_embeddings=32768, vocab_size=151936, tie_word_embeddings=True,
+    bos_token_id=151643, eos_token_id=151645, use_sliding_window=False, sliding_window=32768,
+    attention_dropout=0.0, torch_dtype="bfloat16")
+QWEN = {  # public config.json numbers of Qwen2.5-{0.5B,1.5B}-Instruct -> (config, params)
+    "0.5b": (dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2, max_window_layers=21),
+             494_032_768),
+    "1.5b": (dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                  num_attention_heads=12, num_key_value_heads=2, max_window_layers=28),
+             1_543_714_304),
+}
+# Target topology of configs that are not meant for this machine's 4 CPU devices.
+TARGETS = {"tpu-v5e-16": dict(num_devices=16, num_processes=4)}
+
+
+@pytest.fixture(scope="module")
+def fake_hf(tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for size, (arch, _) in QWEN.items():
+        d = tmp_path_factory.mktemp(f"qwen2.5-{size}")
+        (d / "config.json").write_text(json.dumps({**_QWEN_COMMON, **arch}))
+        out[size] = d
+    return out
+
+
+def _size_of(path: Path) -> str:
+    return next((s for s in QWEN if s in path.name.lower()), "0.5b")
+
+
+def _load(path: Path, fake_hf: dict[str, Path], *extra: str):
+    raw = load_config(path)
+    over = list(extra)
+    if raw.model.path is not None:
+        d = fake_hf[_size_of(path)]
+        over += [f"model.path={d}", f"model.tokenizer={d}"]
+    return load_config(path, over)
+
+
+def _target(path: Path) -> dict:
+    return next((v for k, v in TARGETS.items() if k in path.name), {})
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_config_dry_runs(path, fake_hf):
+    cfg = _load(path, fake_hf)
+    r = dry_run(cfg, **_target(path))
+    assert r["ok"], r["errors"]
+    mem = r["memory"]
+    assert all(mem[k] > 0 for k in ("params", "optimizer", "gradients", "sampler_peak",
+                                    "train_peak", "peak"))
+    assert mem["optimizer"] == 2 * mem["params"] == 2 * mem["gradients"]
+    assert mem["peak"] >= mem["static"] + max(mem["sampler_peak"], mem["train_peak"]) - 1
+    assert r["sampler_shapes"] and r["train_shapes"]
+    for s in r["sampler_shapes"]:
+        assert s["rows"] == s["prompts"] * s["group_size"] and s["kv_cache_bytes"] > 0
+    if cfg.model.path is not None:
+        assert r["model"]["num_params"] == QWEN[_size_of(path)][1]
+        assert r["checks"]["model.tokenizer"].startswith("not checked")
+        assert r["checks"]["data.train_file"] == "not checked (path missing)"
+    text = format_report(r)
+    assert "dry run: OK" in text and "KV cache" in text
+
+
+def test_qwen_param_counts_and_tpu_fit(fake_hf):
+    tpu = ROOT / "configs" / "qwen2.5-1.5b_gsm8k_tpu-v5e-16.yaml"
+    r = dry_run(_load(tpu, fake_hf), num_devices=16, num_processes=4,
+                device_memory_bytes=16 * 2**30)
+    assert abs(r["model"]["num_params"] - 1.54e9) < 0.01e9
+    assert r["mesh"] == {"data": 4, "fsdp": 4, "tensor": 1}
+    assert r["memory"]["peak"] < 16 * 2**30 and not r["warnings"], r["warnings"]
+    assert {s["rows"] for s in r["sampler_shapes"]} == {384}  # batch_policy: rollouts
+    gpu = ROOT / "configs" / "qwen2.5-0.5b_gsm8k_gpu.yaml"
+    r = dry_run(_load(gpu, fake_hf), num_devices=1)
+    assert abs(r["model"]["num_params"] - 494e6) < 1e6
+    assert r["memory"]["peak"] < 40 * 2**30
+
+
+def test_memory_scales_with_fsdp(fake_hf):
+    tpu = ROOT / "configs" / "qwen2.5-1.5b_gsm8k_tpu-v5e-16.yaml"
+    runs = {f: dry_run(_load(tpu, fake_hf, "mesh.data=-1", f"mesh.fsdp={f}"),
+                       num_devices=16, num_processes=4) for f in (1, 2, 4, 16)}
+    mem = {f: r["memory"] for f, r in runs.items()}
+    for a, b in ((1, 2), (2, 4), (4, 16)):
+        ratio = mem[a]["params"] / mem[b]["params"]
+        assert b / a * 0.99 < ratio <= b / a, (a, b, ratio)  # norms stay replicated
+        assert mem[a]["static"] > mem[b]["static"]
+    # KV cache and logits follow the batch shards, data x fsdp = 16 in all four meshes.
+    kv = {f: [s["kv_cache_bytes"] for s in r["sampler_shapes"]] for f, r in runs.items()}
+    assert kv[1] == kv[2] == kv[4] == kv[16]
+    assert mem[1]["train_peak"] == mem[16]["train_peak"]
+    # 1.54B x 16 B does not fit a 16 GiB chip unsharded; fsdp=4 does.
+    assert mem[1]["peak"] > 16 * 2**30 > mem[4]["peak"]
+
+
+def test_mesh_and_batch_validation(fake_hf):
+    tpu = ROOT / "configs" / "qwen2.5-1.5b_gsm8k_tpu-v5e-16.yaml"
+    cfg = _load(tpu, fake_hf)
+    with pytest.raises(DryRunError, match="must equal the 8 devices"):
+        dry_run(cfg, num_devices=8, num_processes=2)
+    with pytest.raises(DryRunError, match="do not split evenly"):
+        dry_run(cfg, num_devices=16, num_processes=3)
+    # 48 rollouts: 3 prompts at G=16 cannot split over 4 hosts, 48 rows not over 16 shards.
+    r = dry_run(_load(tpu, fake_hf, "sagc.rollouts_per_step=48", "algo.micro_batch_rows=16"),
+                num_devices=16, num_processes=4)
+    assert not r["ok"] and any("do not divide the 4 processes" in e for e in r["errors"])
+    # micro_batch_rows must divide every rows count.
+    r = dry_run(_load(tpu, fake_hf, "algo.micro_batch_rows=100"), num_devices=16,
+                num_processes=4)
+    assert any(e.startswith("algo.micro_batch_rows: 100 must divide") for e in r["errors"])
+    # Single process: rows that do not split are only a warning (the batch is replicated).
+    tiny = load_config(ROOT / "configs" / "tiny_cpu.yaml", ["data.prompts_per_step=1",
+                                                            "sagc.group_sizes=[2,3]",
+                                                            "sagc.initial_group_size=2"])
+    r = dry_run(tiny, num_devices=4)
+    assert r["ok"] and any("replicated" in w for w in r["warnings"])
+    # A missing model dir is a clear error, not a traceback.
+    with pytest.raises(DryRunError, match=r"no config\.json"):
+        dry_run(load_config(tpu), num_devices=16, num_processes=4)
+
+
+def test_cli_main(fake_hf, capsys):
+    tpu = ROOT / "configs" / "qwen2.5-1.5b_gsm8k_tpu-v5e-16.yaml"
+    rc = main(["--config", str(tpu), "--num-devices", "16", "--num-processes", "4",
+               f"model.path={fake_hf['1.5b']}", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0 and json.loads(out)["devices"] == 16
+    assert main(["--config", str(tpu), "--num-devices", "16"]) == 2  # placeholder model.path
+    assert "no config.json" in capsys.readouterr().err
+
+
+SCRIPTS = ["launch/local.sh", "launch/gpu.sh", "launch/tpu_pod.sh", "benchmarks/gpu.sh"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_shell_scripts_parse(script):
+    path = ROOT / script
+    text = path.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n#") and "set -euo pipefail" in text
+    assert os.access(path, os.X_OK)
+    r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_tpu_pod_script_builds_the_remote_command(tmp_path):
+    fake = tmp_path / "gcloud"
+    fake.write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$@\"\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "TPU_NAME": "tpu1",
+           "ZONE": "z1", "PROJECT": "p1"}
+    r = subprocess.run(["bash", str(ROOT / "launch/tpu_pod.sh"), "configs/x.yaml",
+                        "model.path=/mnt/a b", "--dry-run"], env=env, capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "--worker=all" in r.stdout and "tpu1" in r.stdout
+    assert ("sagc-jax train --dry-run --config configs/x.yaml distributed.initialize=always "
+            "model.path=/mnt/a\\ b") in r.stdout
+    r = subprocess.run(["bash", str(ROOT / "launch/tpu_pod.sh"), "c.yaml"], capture_output=True,
+                       text=True, env={k: v for k, v in env.items() if k != "ZONE"})
+    assert r.returncode != 0 and "ZONE" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_local_sh_dry_run():
+    env = {**os.environ, "SAGC_JAX": f"{sys.executable} -m sagc_jax.dryrun"}
+    env.pop("XLA_FLAGS", None)
+    # `-c ''`: the dry-run module takes no sub-command; local.sh passes the config through.
+    r = subprocess.run(["bash", str(ROOT / "launch/local.sh"), "-n", "2", "-c", "--json",
+                        "configs/tiny_cpu.yaml"], env=env, capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["devices"] == 2
+
+
+def test_gpu_bench_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_bench.py"), "--smoke",
+                        "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300, env={**os.environ, "XLA_FLAGS": ""})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["train"]["mfu"] > 0 and res["train"]["step_s"] > 0
+    assert [d["rows"] for d in res["decode"]] == [4, 8]
+    assert all(d["tokens_per_s"] > 0 and d["roofline_tokens_per_s"] > 0 for d in res["decode"])
+    assert res["sagc"]["steps"] == 2 and res["sagc"]["compiles_after_warmup"] == 0

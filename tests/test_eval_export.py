@@ -1,0 +1,267 @@
+"""`load_policy` / `evaluate` / `export` and the `eval` / `export` commands.
+
+A tiny run directory (hidden 32, 2 layers) is written without the trainer: config.yaml via
+`save_config`, then two steps and `initial` through the trainer's own `RunCheckpointer`, so the
+on-disk layout is exactly a real run's. Every evaluate call uses the same sampler shapes
+(k=3, 3 prompts per call, 16 new tokens) so programs compile once per session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import pathlib
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from sagc_jax import checkpoint as ckpt
+from sagc_jax.cli import main
+from sagc_jax.config import config_from_dict, load_config, save_config
+from sagc_jax.data.pipeline import make_prompt_iterator
+from sagc_jax.data.tasks import get_task
+from sagc_jax.data.tokenizer import load_tokenizer
+from sagc_jax.evaluate import (
+    CONFIG_IN_HF_DIR,
+    CheckpointPathError,
+    evaluate,
+    load_eval_examples,
+    load_policy,
+    pass_at_k,
+    resolve_checkpoint,
+)
+from sagc_jax.export import export
+from sagc_jax.rl.rewards import RewardFn
+from sagc_jax.trainer import build_model
+
+K, BATCH, NEW, CHUNK = 3, 3, 16, 8
+STEPS = (2, 4)
+
+
+def _params(model) -> dict:
+    return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    la, lb = jax.tree.leaves_with_path(a), jax.tree.leaves_with_path(b)
+    assert [p for p, _ in la] == [p for p, _ in lb]
+    for (p, x), (_, y) in zip(la, lb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(p))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    """A run dir with checkpoints at STEPS (distinct params each) and `initial`."""
+    run_dir = tmp_path_factory.mktemp("run")
+    cfg = config_from_dict({
+        "run": {"dir": str(run_dir), "seed": 3},
+        "model": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,
+                  "num_kv_heads": 2},
+        "data": {"task": "arith_short", "num_eval": 5},
+        "sampling": {"max_new_tokens": NEW, "decode_chunk": CHUNK, "prompt_buckets": [16]},
+        "checkpoint": {"async_save": False},
+    })
+    save_config(cfg, run_dir / "config.yaml")
+    tok = load_tokenizer(cfg.model.tokenizer)
+    model, mcfg = build_model(cfg, len(tok), tok, None)
+    _, params = nnx.split(model)
+    opt_state = optax.adam(1e-3).init(params)
+    data_iter = make_prompt_iterator([{"prompt": "1+1=", "answer": "2"}], tokenizer=tok)
+    saver = ckpt.RunCheckpointer(run_dir / "checkpoints", every=1, keep=5, async_save=False)
+    saver.save_initial(params, mcfg)
+    saved = {"initial": jax.tree.map(np.asarray, nnx.to_pure_dict(params))}
+    for step in STEPS:
+        params = jax.tree.map(lambda x, s=step: x + 0.01 * s, params)  # distinct per step
+        saver.save(step, ckpt.TrainState(step, params, opt_state, {"x": np.zeros(2)}, data_iter),
+                   force=True)
+        saved[step] = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
+    saver.wait()
+    return {"dir": run_dir, "cfg": cfg, "saved": saved}
+
+
+@pytest.fixture(scope="module")
+def hf_dir(run, tmp_path_factory) -> pathlib.Path:
+    return export(run["dir"], tmp_path_factory.mktemp("hf") / "model")
+
+
+# ---------------------------------------------------------------------------------- loading
+
+
+def test_load_policy_run_checkpoints_and_step_dirs(run):
+    d, saved = run["dir"], run["saved"]
+    newest = saved[max(STEPS)]
+    for path in (d, d / "checkpoints", d / "checkpoints" / str(max(STEPS))):
+        model, tok, cfg = load_policy(path)
+        _assert_same(_params(model), newest)
+        assert cfg == run["cfg"] and len(tok) == model.cfg.vocab_size
+    model, _, _ = load_policy(d / "checkpoints" / str(STEPS[0]))
+    _assert_same(_params(model), saved[STEPS[0]])
+    model, _, _ = load_policy(d / "checkpoints" / "initial")
+    _assert_same(_params(model), saved["initial"])
+
+
+def test_resolve_errors_name_the_path(run, tmp_path):
+    with pytest.raises(CheckpointPathError, match="does not exist"):
+        resolve_checkpoint(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointPathError, match=re.escape(str(tmp_path / "empty"))):
+        resolve_checkpoint(tmp_path / "empty")
+    # Steps without the run config that describes the model.
+    shutil.copytree(run["dir"] / "checkpoints", tmp_path / "orphan" / "checkpoints")
+    with pytest.raises(CheckpointPathError, match=r"config\.yaml"):
+        resolve_checkpoint(tmp_path / "orphan" / "checkpoints")
+
+
+def test_mismatched_model_config_is_named(run, tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(run["dir"], d)
+    cfg = load_config(d / "config.yaml", ["model.hidden_size=64"])
+    save_config(cfg, d / "config.yaml")
+    with pytest.raises(ckpt.CheckpointMismatchError, match="hidden_size"):
+        load_policy(d)
+
+
+# ---------------------------------------------------------------------------------- metrics
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6])
+def test_pass_at_k_matches_brute_force(n):
+    """Against the definition: P(some of k draws without replacement from n is correct)."""
+    for c in range(n + 1):
+        correct = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(correct, k))
+            brute = sum(any(s) for s in subsets) / len(subsets)
+            assert len(subsets) == math.comb(n, k)
+            assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12)
+    with pytest.raises(ValueError):
+        pass_at_k(n, n + 1, 1)
+
+
+def _even_len(prompts, completions, **_):
+    """A 'verifier' whose verdicts vary on an untrained model's output (and are recomputable)."""
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+def test_evaluate_metrics_are_consistent(run):
+    model, tok, _ = load_policy(run["dir"])
+    examples = get_task("arith_short").eval_examples(5)  # 5 prompts: batches of 3 and 2
+    fns = [RewardFn("even_len", _even_len), RewardFn.from_name("exact_answer", 2.0)]
+    r = evaluate(model, tok, examples, reward_fns=fns, num_samples=K, max_new_tokens=NEW,
+                 temperature=1.0, batch_prompts=BATCH, seed=0, decode_chunk=CHUNK, details=True)
+    assert r["num_prompts"] == 5 and r["num_samples"] == K
+    per = r["per_prompt"]
+    greedy_ok = [len(p["greedy"]) % 2 == 0 for p in per]
+    assert r["accuracy"] == pytest.approx(np.mean(greedy_ok))
+    counts = [p["num_correct"] for p in per]
+    assert r["pass@1"] == pytest.approx(np.mean(counts) / K)
+    assert r[f"pass@{K}"] == pytest.approx(np.mean([c > 0 for c in counts]))
+    assert 0 <= r["pass@1"] <= r[f"pass@{K}"] <= 1
+    assert 1 <= r["len_mean"] <= r["len_max"] <= NEW and r["sample_len_max"] <= NEW
+    assert 0 <= r["truncated_frac"] <= 1 and 0 <= r["sample_truncated_frac"] <= 1
+    # The summed reward includes the weighted exact_answer term on top of even_len.
+    assert r["greedy_reward_mean"] >= r["accuracy"] - 1e-6
+    # Greedy is deterministic; the same seed gives the same samples.
+    again = evaluate(model, tok, examples, reward_fns=fns, num_samples=K, max_new_tokens=NEW,
+                     batch_prompts=BATCH, seed=0, decode_chunk=CHUNK, details=True)
+    assert [p["greedy"] for p in again["per_prompt"]] == [p["greedy"] for p in per]
+    assert again["pass@1"] == r["pass@1"]
+
+
+def test_default_eval_split_comes_from_the_run_config(run):
+    examples, task = load_eval_examples(None, run["cfg"])
+    assert task == "arith_short" and len(examples) == 5
+    assert load_eval_examples("arith", None, limit=2)[0][0]["prompt"].endswith("=")
+
+
+# ---------------------------------------------------------------------------------- export
+
+
+def test_export_loads_in_transformers(run, hf_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert (hf_dir / "config.json").is_file() and (hf_dir / "model.safetensors").is_file()
+    assert load_config(hf_dir / CONFIG_IN_HF_DIR) == run["cfg"]
+    ours, tok, _ = load_policy(run["dir"])
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    hf_tok = AutoTokenizer.from_pretrained(hf_dir)
+    ids = np.asarray([hf_tok.encode("<bos>7+5-3=", add_special_tokens=False)])
+    assert ids.tolist() == [tok.encode("<bos>7+5-3=", add_special_tokens=False)]
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours(jnp.asarray(ids))), ref, atol=1e-4, rtol=0)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(ids), attention_mask=torch.ones_like(torch.tensor(ids)),
+                          max_new_tokens=4, do_sample=False, pad_token_id=hf_tok.pad_token_id)
+    assert out.shape[0] == 1 and 1 <= out.shape[1] - ids.shape[1] <= 4
+
+
+def test_load_policy_on_hf_dir(run, hf_dir, tmp_path):
+    model, tok, cfg = load_policy(hf_dir)
+    _assert_same(_params(model), run["saved"][max(STEPS)])
+    assert cfg == run["cfg"] and len(tok) == 101
+    bare = tmp_path / "bare"
+    shutil.copytree(hf_dir, bare)
+    (bare / CONFIG_IN_HF_DIR).unlink()
+    assert load_policy(bare)[2] is None
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+
+def test_cli_eval_on_hf_dir_and_export(run, hf_dir, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["eval", "--checkpoint", str(hf_dir), "--data", "arith_short", "--limit", "4",
+               "--num-samples", str(K), "--batch-prompts", str(BATCH), "--no-progress",
+               "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["num_prompts"] == 4 and len(res["per_prompt"]) == 4
+    assert 0 <= res["pass@1"] <= res[f"pass@{K}"] <= 1
+    assert "accuracy" in capsys.readouterr().out
+    # A JSONL file as --data.
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "2+2=", "answer": 4}\n')
+    rc = main(["eval", "--checkpoint", str(run["dir"]), "--data", str(data), "--num-samples",
+               "0", "--batch-prompts", str(BATCH), "--no-progress"])
+    assert rc == 0 and "num_prompts" in capsys.readouterr().out
+    assert main(["export", "--checkpoint", str(run["dir"]), "--out", str(tmp_path / "x")]) == 0
+    assert (tmp_path / "x" / "model.safetensors").is_file()
+    # A non-empty --out is refused without --force.
+    assert main(["export", "--checkpoint", str(run["dir"]), "--out", str(tmp_path / "x")]) == 2
+
+
+def _one_line_error(capsys, needle: str) -> None:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.parametrize("cmd", ["eval", "export"])
+def test_cli_bad_paths_exit_2(cmd, tmp_path, capsys):
+    extra = ["--out", str(tmp_path / "o")] if cmd == "export" else []
+    missing = tmp_path / "missing"
+    assert main([cmd, "--checkpoint", str(missing), *extra]) == 2
+    _one_line_error(capsys, str(missing))
+    neither = tmp_path / "neither"
+    neither.mkdir()
+    (neither / "notes.txt").write_text("x")
+    assert main([cmd, "--checkpoint", str(neither), *extra]) == 2
+    _one_line_error(capsys, str(neither))
+
+
+def test_cli_eval_bad_data_and_bare_hf_without_data(run, hf_dir, tmp_path, capsys):
+    assert main(["eval", "--checkpoint", str(run["dir"]), "--data", "nope.jsonl"]) == 2
+    _one_line_error(capsys, "nope.jsonl")
+    bare = tmp_path / "bare"
+    shutil.copytree(hf_dir, bare)
+    (bare / CONFIG_IN_HF_DIR).unlink()
+    assert main(["eval", "--checkpoint", str(bare)]) == 2
+    _one_line_error(capsys, "--data")

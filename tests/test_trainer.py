@@ -1,0 +1,187 @@
+"""End-to-end training: run dir contents, 0 compiles after warm-up, exact resume after SIGKILL,
+damaged checkpoints, incompatible configs, and bad input that fails loudly without losing state."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from sagc_jax.cli import main
+from sagc_jax.config import load_config
+from sagc_jax.metrics import TIMING_KEYS, read_jsonl
+
+# A ~60k-param model on short arithmetic: compiles in seconds, and SAGC can move G between 2
+# and 4 (timing: model keeps decisions reproducible, so resumed runs can be compared exactly).
+TINY = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2",
+    "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short",
+    "data.prompts_per_step=4", "sagc.group_sizes=[2,4]", "sagc.initial_group_size=4",
+    "sagc.warmup_steps=1", "sagc.timing=model", "sampling.max_new_tokens=32",
+    "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8", "init.sft_steps=8",
+    "init.sft_batch_size=8", "optim.lr=1e-3", "optim.warmup_steps=0", "checkpoint.every=1",
+    "checkpoint.keep=10", "run.progress=false", "run.plots=false",
+]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "sagc_jax.cli", "train", *TINY, f"run.dir={run_dir}", *extra]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _final_params(run_dir: Path) -> dict:
+    mngr = ocp.CheckpointManager(run_dir / "checkpoints")
+    step = mngr.latest_step()
+    got = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+    return step, got["params"]
+
+
+def _strip(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    r = subprocess.run(_cli(run_dir, "run.steps=8"), env=_env(), capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir
+
+
+def test_run_dir_contents_and_zero_compiles(reference_run):
+    d = reference_run
+    for name in ("config.yaml", "metrics.jsonl", "trace.jsonl", "checkpoints", "tensorboard"):
+        assert (d / name).exists(), name
+    rows = read_jsonl(d / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    required = {"step", "group_size", "prompts", "rows", "reward_mean", "len_mean", "len_max",
+                "truncated_frac", "straggler_rate", "sagc_queue", "padding_waste", "rollout_s",
+                "train_s", "step_s", "compiles", "loss", "kl", "grad_norm", "risk_g2", "risk_g4"}
+    assert required <= set(rows[0])
+    assert all(r["compiles"] == 0 for r in rows), [r["compiles"] for r in rows]
+    assert all(r["rows"] == r["prompts"] * r["group_size"] for r in rows)
+    trace = read_jsonl(d / "trace.jsonl")
+    assert len(trace) == 8 and len(trace[0]["groups"][0]["lengths"]) == trace[0]["group_size"]
+    assert load_config(d / "config.yaml").run.steps == 8
+
+
+def test_kill_and_resume_is_exact(reference_run, tmp_path):
+    """SIGKILL mid-run, re-run the same command: params bitwise equal, metrics equal."""
+    run_dir = tmp_path / "run"
+    cmd = _cli(run_dir, "run.steps=8")
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=ROOT, start_new_session=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = len(metrics.read_text().splitlines())
+    assert killed_at < 8
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from step" in r.stdout
+    step_a, params_a = _final_params(reference_run)
+    step_b, params_b = _final_params(run_dir)
+    assert step_a == step_b == 8
+    flat_a, flat_b = ocp.tree.to_flat_dict(params_a), ocp.tree.to_flat_dict(params_b)
+    assert flat_a.keys() == flat_b.keys()
+    for k in flat_a:
+        np.testing.assert_array_equal(flat_a[k], flat_b[k], err_msg=str(k))
+    ref_rows = _strip(read_jsonl(reference_run / "metrics.jsonl"))
+    assert _strip(read_jsonl(metrics)) == ref_rows
+    assert len({r["group_size"] for r in ref_rows}) > 1, "SAGC should move G in this run"
+
+
+def test_corrupt_newest_checkpoint_falls_back(reference_run, tmp_path, capsys):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    newest = run_dir / "checkpoints" / "8" / "params"
+    for f in newest.rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncate every file
+    code = main(["train", *TINY, f"run.dir={run_dir}", "run.steps=9"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "checkpoint step 8" in out and "falling back" in out
+    assert "resumed from step 7" in out
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 10))
+
+
+def test_incompatible_checkpoint_is_a_clear_error(reference_run, tmp_path, capsys):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    code = main(["train", *TINY, f"run.dir={run_dir}", "run.steps=9", "model.hidden_size=48"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "hidden_size: checkpoint 32 vs config 48" in err
+
+
+def test_unwritable_run_dir_fails_before_training(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code = main(["train", *TINY, f"run.dir={blocker}/run", "run.steps=2"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert str(blocker) in err
+
+
+def test_config_errors_exit_2(capsys):
+    assert main(["train", "sagc.detla=0.1"]) == 2
+    assert "did you mean 'sagc.delta'" in capsys.readouterr().err
+    assert main(["train", "sagc.delta=1.5"]) == 2
+    assert "sagc.delta" in capsys.readouterr().err
+    assert main(["train", "--config", "no/such/file.yaml"]) == 2
+    assert "no/such/file.yaml" in capsys.readouterr().err
+
+
+def test_raising_reward_saves_state_and_names_the_function(tmp_path, capsys):
+    mod = tmp_path / "bad_reward_mod.py"
+    mod.write_text("def boom(prompts, completions, **kw):\n"
+                   "    raise RuntimeError('reward server down')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        code = main(["train", *TINY, f"run.dir={tmp_path / 'run'}", "run.steps=2",
+                     "rewards=[{name: 'bad_reward_mod:boom', weight: 1.0}]"])
+    finally:
+        sys.path.remove(str(tmp_path))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "bad_reward_mod:boom" in err and "example 0" in err
+    assert "state before step 1 saved" in err
+    assert (tmp_path / "run" / "checkpoints" / "0").exists()
+
+
+def test_malformed_dataset_row_names_file_and_line(tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n{not json\n")
+    code = main(["train", *TINY, f"run.dir={tmp_path / 'run'}", "run.steps=1", "data.task=null",
+                 f"data.train_file={data}", "init.sft_steps=0"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "train.jsonl" in err and "line 2" in err
