@@ -18,15 +18,14 @@ set -euo pipefail
 config=configs/compare_cpu.yaml
 out=runs/compare
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
-while getopts "c:o:h" opt; do
-  case "$opt" in
-    c) config=$OPTARG ;;
-    o) out=$OPTARG ;;
-    h) usage; exit 0 ;;
-    *) usage >&2; exit 2 ;;
+while [[ $# -gt 0 ]]; do  # leading -c/-o/-h; everything from the first other word is passed on
+  case "$1" in
+    -c) config=${2:?-c needs a config path}; shift 2 ;;
+    -o) out=${2:?-o needs a directory}; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) break ;;
   esac
 done
-shift $((OPTIND - 1))
 if [[ ! -f $config ]]; then
   echo "compare.sh: config file not found: $config" >&2
   exit 2

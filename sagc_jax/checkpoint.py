@@ -37,7 +37,16 @@ class TrainState:
     params: Any  # nnx.State of the model
     opt_state: Any
     sagc: dict[str, np.ndarray]
-    data_iter: Any  # grain DatasetIterator (restored in place)
+    data_iter: Any  # grain DatasetIterator, or a list of them (one per owned data shard);
+    # restored in place
+
+
+def _data_items(data_iter: Any) -> dict[str, Any]:
+    """Checkpoint item name -> iterator: ``data`` for the first (the single-shard layout of
+    older checkpoints), ``data_1``, ``data_2``... for further shards this process owns. grain
+    writes one file per process in each item, so each process restores its own shards."""
+    iters = list(data_iter) if isinstance(data_iter, (list, tuple)) else [data_iter]
+    return {("data" if i == 0 else f"data_{i}"): it for i, it in enumerate(iters)}
 
 
 def _model_signature(cfg: ModelConfig) -> dict[str, Any]:
@@ -60,6 +69,19 @@ def _flat(tree: Any) -> dict[str, Any]:
 def _abstract(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                         tree)
+
+
+def restore_params(path: str | Path, template: Any) -> Any:
+    """Params saved by `RunCheckpointer.save_initial` (or any Orbax pure-dict params dir),
+    placed like `template` (an nnx.State); shape mismatches are errors naming the param."""
+    path = Path(path).absolute()
+    if not path.exists():
+        raise FileNotFoundError(f"init.params: {path} does not exist")
+    with ocp.StandardCheckpointer() as c:
+        pure = c.restore(path, _abstract(_pure(template)))
+    out = jax.tree.map(lambda x: x, template)
+    nnx.replace_by_pure_dict(out, pure)
+    return out
 
 
 class RunCheckpointer:
@@ -87,7 +109,8 @@ class RunCheckpointer:
         """Fails before step 1 (not after hours) when checkpoints cannot be written."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            probe = self.directory / ".write_probe"
+            # One probe per process: hosts sharing run.dir must not unlink each other's.
+            probe = self.directory / f".write_probe.{jax.process_index()}"
             probe.write_bytes(b"x" * 1024)
             probe.unlink()
         except OSError as e:
@@ -103,13 +126,14 @@ class RunCheckpointer:
             return False
         if step in self.manager.all_steps():
             return False
-        meta = {"step": step, "sagc_keys": sorted(state.sagc)}
+        data = _data_items(state.data_iter)
+        meta = {"step": step, "sagc_keys": sorted(state.sagc), "data_items": len(data)}
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(_pure(state.params)),
             opt_state=ocp.args.StandardSave(_flat(state.opt_state)),
             sagc=ocp.args.StandardSave({k: np.asarray(v) for k, v in state.sagc.items()}),
-            data=grain.checkpoint.CheckpointSave(state.data_iter),
             meta=ocp.args.JsonSave(meta),
+            **{k: grain.checkpoint.CheckpointSave(it) for k, it in data.items()},
         )
         return self.manager.save(step, args=args, force=True)
 
@@ -125,12 +149,7 @@ class RunCheckpointer:
                 json.dumps(_model_signature(model_cfg), indent=1))
 
     def restore_initial(self, template: Any) -> Any:
-        path = self.directory / "initial"
-        with ocp.StandardCheckpointer() as c:
-            pure = c.restore(path, _abstract(_pure(template)))
-        out = jax.tree.map(lambda x: x, template)
-        nnx.replace_by_pure_dict(out, pure)
-        return out
+        return restore_params(self.directory / "initial", template)
 
     def wait(self) -> None:
         if self._mngr is not None:
@@ -180,11 +199,17 @@ class RunCheckpointer:
         if missing:
             raise CheckpointMismatchError(
                 f"checkpoint step {step}: SAGC state lacks {sorted(missing)}")
+        data = _data_items(template.data_iter)
+        saved_items = meta["meta"].get("data_items", 1)
+        if saved_items != len(data):
+            raise CheckpointMismatchError(
+                f"checkpoint step {step}: written with {saved_items} data shard(s) per process, "
+                f"this run has {len(data)} (data.shards / process count changed)")
         got = self.manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(_abstract(pure_t)),
             opt_state=ocp.args.StandardRestore(_abstract(flat_opt)),
             sagc=ocp.args.StandardRestore(sagc_t),
-            data=grain.checkpoint.CheckpointRestore(template.data_iter),
+            **{k: grain.checkpoint.CheckpointRestore(it) for k, it in data.items()},
         ))
         params = jax.tree.map(lambda x: x, template.params)
         nnx.replace_by_pure_dict(params, got["params"])

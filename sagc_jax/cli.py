@@ -16,7 +16,7 @@ def _train(argv: list[str]) -> int:
                    help="build everything abstractly, print sizes and shapes, and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dot-path overrides, e.g. sagc.delta=0.05 run.steps=10")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # lets --dry-run come after key=value
     from sagc_jax.config import ConfigError, load_config
 
     try:
@@ -24,6 +24,26 @@ def _train(argv: list[str]) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"sagc-jax train: config error: {e}", file=sys.stderr)
         return 2
+    from sagc_jax.parallel import initialize_distributed
+
+    try:
+        initialize_distributed(cfg.distributed)  # before anything queries devices
+    except ValueError as e:
+        print(f"sagc-jax train: distributed error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        from sagc_jax.dryrun import DryRunError, dry_run, format_report
+
+        try:
+            report = dry_run(cfg)
+        except DryRunError as e:
+            print(f"sagc-jax train: dry run: {e}", file=sys.stderr)
+            return 2
+        import jax
+
+        if jax.process_index() == 0:
+            print(format_report(report))
+        return 0 if report["ok"] else 1
     from sagc_jax.trainer import Trainer, TrainingError
 
     try:

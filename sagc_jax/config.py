@@ -208,6 +208,13 @@ class DataConfig:
     task_min_steps: int = _f(1, "Built-in task: minimum reasoning steps per problem.", ge=1)
     task_max_steps: int = _f(12, "Built-in task: maximum reasoning steps per problem.", ge=1)
     worker_count: int = _f(0, "grain worker processes; 0 = in-process.", ge=0)
+    shards: int | None = _f(
+        None,
+        "Virtual data shards (a multiple of the process count; prompts_per_step must divide by "
+        "it); None = one per process. Fixing it makes the prompt order independent of how many "
+        "processes run.",
+        ge=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -328,6 +335,9 @@ class InitConfig:
     sft_steps: int = _f(0, "SFT steps before GRPO; 0 = none.", ge=0)
     sft_lr: float = _f(1e-3, "SFT learning rate.", gt=0)
     sft_batch_size: int = _f(32, "SFT examples per step.", ge=1)
+    params: str | None = _f(
+        None, "Orbax params dir to start from instead of the SFT warm start (e.g. another run's "
+        "checkpoints/initial): comparisons then share one warm start.")
 
 
 @dataclass(frozen=True)

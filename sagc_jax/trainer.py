@@ -30,7 +30,13 @@ from sagc_jax.metrics import RunWriter
 from sagc_jax.models import ModelConfig, Transformer, from_pretrained
 from sagc_jax.models.sharding import replicated, state_shardings
 from sagc_jax.optim import make_optimizer, make_schedule
-from sagc_jax.parallel import is_main_process, make_mesh_from_config
+from sagc_jax.parallel import (
+    allgather,
+    broadcast_from_main,
+    host_local_to_global,
+    is_main_process,
+    make_mesh_from_config,
+)
 from sagc_jax.rl.rewards import RewardFn, compute_rewards
 from sagc_jax.rl.shaping import overlong_penalty
 from sagc_jax.rl.train_step import BATCH_FIELDS, CompiledSteps, LossSettings, make_sft_step
@@ -107,6 +113,7 @@ class Rollout:
     stats: dict[str, float]
     first_round: Observation | None = None
     reward_errors: int = 0
+    row_offset: int = 0  # global index of this process's first row (multi-process)
 
 
 class Trainer:
@@ -117,7 +124,11 @@ class Trainer:
         self.progress = cfg.run.progress if progress is None else progress
         self.run_dir = Path(cfg.run.dir)
         self.is_main = is_main_process()
+        self.num_processes, self.process_index = jax.process_count(), jax.process_index()
         self._stop = False
+        if self.num_processes > 1 and cfg.algo.dynamic_sampling:
+            raise ValueError("algo.dynamic_sampling is single-process only (its refill rounds "
+                             f"would differ per host); got {self.num_processes} processes")
         self.mesh = make_mesh_from_config(cfg.mesh)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
@@ -162,15 +173,23 @@ class Trainer:
             self.mesh, self.param_shardings, self.opt_shardings, a.micro_batch_rows)
         self.ref_params = None
         self.train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
-        self.data_iter = make_prompt_iterator(
+        self.num_shards, self.owned_shards = self._data_shards()
+        # One iterator per owned virtual shard: the global batch is the shards' next prompts in
+        # shard order, so it does not depend on how many processes share the shards.
+        self.data_iters = [make_prompt_iterator(
             self.train_examples, tokenizer=self.tokenizer, seed=cfg.run.seed,
             shuffle=cfg.data.shuffle, num_epochs=cfg.data.num_epochs,
-            process_index=jax.process_index(), process_count=jax.process_count(),
+            process_index=shard, process_count=self.num_shards,
             chat_template=cfg.data.chat_template, worker_count=cfg.data.worker_count,
             max_prompt_len=s.prompt_buckets[-1],
-            truncate_prompts=s.prompt_too_long == "truncate")
+            truncate_prompts=s.prompt_too_long == "truncate") for shard in self.owned_shards]
         self.eval_sampler = None
-        if cfg.run.eval_every > 0:
+        if cfg.run.eval_every > 0 and self.num_processes > 1:
+            # Held-out eval runs host-local Python over a global batch; not wired up for
+            # several processes yet.
+            self._log(f"run.eval_every={cfg.run.eval_every} ignored: evaluation during training "
+                      f"is single-process only ({self.num_processes} processes)")
+        elif cfg.run.eval_every > 0:
             # Greedy held-out accuracy during training; its shapes compile in warm-up too.
             self.eval_examples = list(load_examples(cfg.data, "eval", seed=cfg.run.seed))
             self.eval_sampler = Sampler(self.model, config=SamplingConfig(
@@ -183,6 +202,33 @@ class Trainer:
         self.start_step = 0
 
     # ------------------------------------------------------------------ setup helpers
+    @property
+    def data_iter(self):
+        """The data iterator of a single-shard process (the common case); see `data_iters`."""
+        if len(self.data_iters) != 1:
+            raise AttributeError(f"this process owns {len(self.data_iters)} data shards; use "
+                                 "data_iters")
+        return self.data_iters[0]
+
+    def _data_shards(self) -> tuple[int, list[int]]:
+        """(number of virtual data shards, the shards this process owns), validated.
+
+        Process p owns the contiguous shards [p*S/n, (p+1)*S/n); every step takes P/S prompts
+        from each shard, so P (for every G) must divide by S.
+        """
+        n, p = self.num_processes, self.process_index
+        shards = self.cfg.data.shards or n
+        if shards % n:
+            raise ValueError(f"data.shards: must be a multiple of the process count {n}, got "
+                             f"{shards}")
+        for g, prompts in self.prompts_per_g.items():
+            if prompts % shards:
+                raise ValueError(
+                    f"data.prompts_per_step: {prompts} prompts per step at G={g} do not split "
+                    f"over data.shards={shards} (each shard gives the same number of prompts)")
+        per = shards // n
+        return shards, list(range(p * per, (p + 1) * per))
+
     def _eos_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}
         extra = getattr(self.tokenizer, "generation_eos_ids", None)
@@ -196,6 +242,16 @@ class Trainer:
             lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
             else replicated(self.mesh), opt_state)
         return jax.device_put(opt_state, shard), shard
+
+    def _next_prompts(self, step: int, num_prompts: int) -> list[dict[str, Any]]:
+        """This process's block of the step's global prompts: num_prompts / S from each owned
+        shard, in shard order."""
+        per_shard = num_prompts // self.num_shards
+        try:
+            return [next(it) for it in self.data_iters for _ in range(per_shard)]
+        except StopIteration as e:
+            raise TrainingError(f"training data exhausted at step {step} "
+                                f"(data.num_epochs={self.cfg.data.num_epochs})") from e
 
     def _sync_model(self) -> None:
         """Points the sampler's model at the latest params (no copy, no recompile)."""
@@ -254,7 +310,23 @@ class Trainer:
         # signature: do it here so `compiles` is 0 from step 1 on.
         self._rng_key(0, 0)
         float(self.lr_schedule(0))
+        if self.num_processes > 1:
+            self._warm_gathers()
         return time.perf_counter() - t0
+
+    def _warm_gathers(self) -> None:
+        """Runs a step's cross-process gathers / broadcasts once per G on dummy data (each is a
+        small jitted program per shape), so `compiles` stays 0 after warm-up with several
+        processes too. Mirrors `collect` and `_global_view`; every process calls it."""
+        for g in self.group_sizes:
+            rows = self.prompts_per_g[g] // self.num_processes * g
+            i32, f32, b = (np.zeros(rows, t) for t in (np.int32, np.float32, bool))
+            allgather({"lengths": i32, "truncated": b, "rewards": f32})
+            allgather({"lengths": i32, "truncated": b, "rewards": f32, "raw_rewards": f32,
+                       "valid": b, "plen": np.zeros(1, np.int64)})
+        if self.cfg.sagc.timing != "model":
+            broadcast_from_main(np.zeros(2, np.float64))
+            broadcast_from_main(np.int32(0))
 
     def _rng_key(self, step: int, round_: int) -> jax.Array:
         return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.cfg.run.seed), step),
@@ -289,15 +361,14 @@ class Trainer:
                  "compiles": 0, "rollout_rounds": 0, "reward_s": 0.0}
         first = None
         errors = 0
+        # With several processes `num_prompts` is this process's share (DAPO is single-process).
+        num_prompts //= self.num_processes
         for r in range(rounds):
             need = num_prompts - len(kept)
             if need == 0:
                 break
-            try:
-                examples = [next(self.data_iter) for _ in range(need if r else num_prompts)]
-            except StopIteration as e:
-                raise TrainingError(f"training data exhausted at step {step} "
-                                    f"(data.num_epochs={self.cfg.data.num_epochs})") from e
+            examples = (self._next_prompts(step, num_prompts * self.num_processes) if r == 0
+                        else self._refill_prompts(step, need))
             out, comps = self._sample_round(step, r, examples, g)
             for k in ("prefill_s", "decode_s", "decode_steps", "padding_waste", "compiles"):
                 stats[k] += float(getattr(out.stats, k))
@@ -310,7 +381,11 @@ class Trainer:
             shaped = raw + overlong_penalty(out.lengths, s.max_new_tokens, a.overlong_buffer,
                                             a.overlong_penalty)
             if r == 0:
-                first = self._observation(g, len(examples), out, raw)
+                # SAGC sees the global rollout so every process makes the same decision.
+                glob = allgather({"lengths": np.asarray(out.lengths),
+                                  "truncated": np.asarray(out.truncated), "rewards": raw})
+                first = self._observation(g, len(examples) * self.num_processes, glob,
+                                          out.stats)
             for i, ex in enumerate(examples):
                 sl = slice(i * g, (i + 1) * g)
                 if a.dynamic_sampling and r < rounds - 1 and np.ptp(shaped[sl]) == 0:
@@ -342,30 +417,73 @@ class Trainer:
         while len(examples) < num_prompts:
             examples.append(filler if filler is not None else {"prompt_ids": [self.pad_id]})
         return Rollout(examples, g, tokens, logp, lengths, trunc, rew, raw_r, valid, comps_all,
-                       stats, first, errors)
+                       stats, first, errors, row_offset=self.process_index * rows)
 
-    def _observation(self, g: int, prompts: int, out, rewards: np.ndarray) -> Observation:
-        """What SAGC sees of a rollout; with `sagc.timing: model` the seconds come from the
-        linear time model instead of the clock, so decisions are reproducible."""
-        sc, rows, steps = self.cfg.sagc, prompts * g, int(out.stats.decode_steps)
+    def _refill_prompts(self, step: int, need: int) -> list[dict[str, Any]]:
+        """DAPO refill: `need` fresh prompts, cycling over the owned shards."""
+        try:
+            return [next(self.data_iters[i % len(self.data_iters)]) for i in range(need)]
+        except StopIteration as e:
+            raise TrainingError(f"training data exhausted at step {step} "
+                                f"(data.num_epochs={self.cfg.data.num_epochs})") from e
+
+    def _observation(self, g: int, prompts: int, glob: dict[str, np.ndarray],
+                     stats) -> Observation:
+        """What SAGC sees of a rollout (`glob`: the global lengths, truncated flags and raw
+        rewards); with `sagc.timing: model` the seconds come from the linear time model instead
+        of the clock, so decisions are reproducible."""
+        sc, rows, steps = self.cfg.sagc, prompts * g, int(stats.decode_steps)
         if sc.timing == "model":
             prefill_s = sc.model_prefill_a + sc.model_prefill_b * rows
             decode_s = steps * (sc.model_decode_a + sc.model_decode_b * rows)
         else:
-            prefill_s, decode_s = float(out.stats.prefill_s), float(out.stats.decode_s)
+            prefill_s, decode_s = float(stats.prefill_s), float(stats.decode_s)
+            if self.num_processes > 1:
+                # Each host's clock differs: all feed process 0's seconds to the controller, so
+                # the SAGC state (and the next G) stays identical everywhere.
+                t = broadcast_from_main(np.asarray([prefill_s, decode_s], np.float64))
+                prefill_s, decode_s = float(t[0]), float(t[1])
         return Observation(
-            group_size=g, lengths=np.asarray(out.lengths), truncated=np.asarray(out.truncated),
-            rewards=rewards, max_new_tokens=self.cfg.sampling.max_new_tokens,
+            group_size=g, lengths=np.asarray(glob["lengths"]),
+            truncated=np.asarray(glob["truncated"]),
+            rewards=np.asarray(glob["rewards"]), max_new_tokens=self.cfg.sampling.max_new_tokens,
             prefill_s=prefill_s, decode_s=decode_s, decode_steps=steps, rows=rows,
             prompts=prompts, decode_chunk=self.cfg.sampling.decode_chunk)
 
-    def make_batch(self, ro: Rollout) -> tuple[dict[str, np.ndarray], int, int]:
-        """Host arrays of the train step for a rollout, plus its (prompt, completion) buckets."""
+    def _global_view(self, ro: Rollout) -> tuple[Rollout, int]:
+        """(the rollout's per-row metrics over all processes, the longest prompt anywhere).
+
+        Single process: the rollout itself. Otherwise lengths, flags and rewards are gathered
+        (tokens stay host-local), so metrics and the train step's buckets agree on every host.
+        """
+        plen = max(len(ex["prompt_ids"]) for ex in ro.examples)
+        if self.num_processes == 1:
+            return ro, plen
+        glob = allgather({"lengths": ro.lengths, "truncated": ro.truncated, "rewards": ro.rewards,
+                          "raw_rewards": ro.raw_rewards, "valid": ro.valid,
+                          "plen": np.asarray([plen], np.int64)})
+        stats = dict(ro.stats)
+        # Global rows x global decode steps, as a single process would count it.
+        stats["padding_waste"] = (len(glob["lengths"]) * int(stats["decode_steps"])
+                                  - int(glob["lengths"][glob["valid"]].sum()))
+        gv = dataclasses.replace(
+            ro, lengths=glob["lengths"], truncated=glob["truncated"], rewards=glob["rewards"],
+            raw_rewards=glob["raw_rewards"], valid=glob["valid"], stats=stats, row_offset=0)
+        return gv, int(glob["plen"].max())
+
+    def make_batch(self, ro: Rollout, buckets: tuple[int, int] | None = None
+                   ) -> tuple[dict[str, np.ndarray], int, int]:
+        """Host arrays of the train step for a rollout (this process's rows), plus its
+        (prompt, completion) buckets; `buckets` overrides them (several processes must agree on
+        the global ones)."""
         g = ro.group_size
         rows = len(ro.lengths)
-        plen = max(len(ex["prompt_ids"]) for ex in ro.examples)
-        lp = self.sampler.prompt_bucket_for(plen)
-        n = _bucket(max(int(ro.lengths.max()), 1), self.completion_buckets)
+        if buckets is None:
+            plen = max(len(ex["prompt_ids"]) for ex in ro.examples)
+            lp = self.sampler.prompt_bucket_for(plen)
+            n = _bucket(max(int(ro.lengths.max()), 1), self.completion_buckets)
+        else:
+            lp, n = buckets
         tokens = np.full((rows, lp + n), self.pad_id, np.int32)
         pad = np.zeros(rows, np.int32)
         for r in range(rows):
@@ -379,15 +497,25 @@ class Trainer:
         batch = {"tokens": tokens, "prompt_pad": pad, "lengths": ro.lengths.astype(np.int32),
                  "old_logprobs": ro.logprobs[:, :n].astype(np.float32),
                  "ref_logprobs": np.zeros((rows, n), np.float32), "rewards": ro.rewards,
-                 "group_ids": (np.arange(rows) // g).astype(np.int32), "valid": ro.valid,
+                 # Global group ids: this process's rows start at row_offset.
+                 "group_ids": ((ro.row_offset + np.arange(rows)) // g).astype(np.int32),
+                 "valid": ro.valid,
                  "loss_rows": loss_rows}
         return batch, lp, n
 
     def update(self, batch: dict[str, np.ndarray], num_groups: int, lp: int,
                n: int) -> dict[str, float]:
-        rows = len(batch["lengths"])
+        rows = len(batch["lengths"]) * self.num_processes  # global rows
         shard = self.steps.batch_shardings(rows)
-        dev = {k: jax.device_put(np.asarray(batch[k]), shard[k]) for k in BATCH_FIELDS}
+        if self.num_processes == 1:
+            dev = {k: jax.device_put(np.asarray(batch[k]), shard[k]) for k in BATCH_FIELDS}
+        else:
+            ways = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+            if rows % ways:
+                # A replicated batch cannot be assembled from host-local rows.
+                raise ValueError(f"{rows} batch rows do not split over data x fsdp = {ways} "
+                                 "devices; with several processes they must (see the dry run)")
+            dev = {k: host_local_to_global(np.asarray(batch[k]), shard[k]) for k in BATCH_FIELDS}
         a = self.cfg.algo
         if a.beta > 0 or a.num_iterations > 1:
             logp_fn = self.steps.logprob_fn(rows, lp, n)
@@ -424,7 +552,7 @@ class Trainer:
 
     def _state(self, step: int) -> ckpt.TrainState:
         return ckpt.TrainState(step=step, params=self.params, opt_state=self.opt_state,
-                               sagc=self.policy.state, data_iter=self.data_iter)
+                               sagc=self.policy.state, data_iter=list(self.data_iters))
 
     def restore_or_init(self) -> str:
         """Resumes from the newest good checkpoint (run.resume), else runs the SFT warm start."""
@@ -440,7 +568,12 @@ class Trainer:
             if self.ckpt.latest_step() is not None and mode == "never":
                 raise FileExistsError(f"{self.ckpt.directory} already holds checkpoints and "
                                       "run.resume=never; choose another run.dir")
-            sft = self.sft_warm_start()
+            if self.cfg.init.params:
+                self.params = ckpt.restore_params(self.cfg.init.params, self.params)
+                self._sync_model()
+                sft = []
+            else:
+                sft = self.sft_warm_start()
             self.ckpt.save_initial(self.params, self.model_cfg)
             self.ref_params = self.params if self.cfg.algo.beta > 0 else None
             if self.ref_params is not None:
@@ -533,14 +666,15 @@ class Trainer:
         """Runs one step; if it fails (a reward fn raises, bad data, non-finite loss) the state
         from before the step — params, optimizer, SAGC, data position — is checkpointed first,
         so a fixed run resumes exactly where this one stopped."""
-        data_state = self.data_iter.get_state()
+        data_states = [it.get_state() for it in self.data_iters]
         sagc_state = {k: np.copy(v) for k, v in self.policy.state.items()}
         try:
             return self.train_one(step)
         except Exception as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
-            self.data_iter.set_state(data_state)
+            for it, st in zip(self.data_iters, data_states):
+                it.set_state(st)
             self.policy.load_state(sagc_state)
             self.ckpt.save(step, self._state(step), force=True)
             self.ckpt.wait()
@@ -554,11 +688,20 @@ class Trainer:
         t_step = time.perf_counter()
         c0 = compile_count()
         g = self.policy.choose()
+        if self.num_processes > 1 and cfg.sagc.timing != "model":
+            # Measured timings differ per host; process 0 decides (the states are kept equal by
+            # broadcasting its seconds in `_observation`, this is the belt to those braces).
+            g = int(broadcast_from_main(np.int32(g)))
         num_prompts = self.prompts_per_g[g]
         t0 = time.perf_counter()
         ro = self.collect(step, g, num_prompts)
         rollout_s = time.perf_counter() - t0
-        batch, lp, n = self.make_batch(ro)
+        gv, plen = self._global_view(ro)
+        buckets = None
+        if self.num_processes > 1:
+            buckets = (self.sampler.prompt_bucket_for(plen),
+                       _bucket(max(int(gv.lengths.max()), 1), self.completion_buckets))
+        batch, lp, n = self.make_batch(ro, buckets)
         t0 = time.perf_counter()
         m = self.update(batch, num_prompts, lp, n)
         train_s = time.perf_counter() - t0
@@ -569,6 +712,7 @@ class Trainer:
                 "check the rewards")
         sagc_m = self.policy.observe(ro.first_round)
         self._sync_model()
+        ro = gv  # metrics and the trace describe the global rollout
         v = ro.valid
         lens = ro.lengths[v] if v.any() else ro.lengths
         row = {
@@ -590,7 +734,8 @@ class Trainer:
             "reward_s": ro.stats["reward_s"], "rollout_s": rollout_s, "train_s": train_s,
         }
         ev = cfg.run.eval_every
-        if ev > 0 and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
+        if self.eval_sampler is not None and ((step + 1) % ev == 0
+                                              or step + 1 == cfg.run.steps):
             t0 = time.perf_counter()
             row["eval_accuracy"] = self.eval_greedy()
             row["eval_s"] = time.perf_counter() - t0

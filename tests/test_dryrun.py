@@ -80,7 +80,8 @@ def test_every_config_dry_runs(path, fake_hf):
     for s in r["sampler_shapes"]:
         assert s["rows"] == s["prompts"] * s["group_size"] and s["kv_cache_bytes"] > 0
     if cfg.model.path is not None:
-        assert r["model"]["num_params"] == QWEN[_size_of(path)][1]
+        if "qwen2.5" in path.name:
+            assert r["model"]["num_params"] == QWEN[_size_of(path)][1]
         assert r["checks"]["model.tokenizer"].startswith("not checked")
         assert r["checks"]["data.train_file"] == "not checked (path missing)"
     text = format_report(r)

@@ -118,3 +118,26 @@ def test_loss_changes_with_settings(single):
     s = dataclasses.replace(SETTINGS, epsilon=0.01, epsilon_high=0.01)
     _, m2 = _run((1, 1, 1), _batch(), settings=s)
     assert m2[0]["clip_frac"] > m1[0]["clip_frac"] + 0.1
+
+
+def test_update_moves_probability_toward_rewarded_tokens():
+    """End-to-end direction check: rows whose first completion token is the rewarded one gain
+    log-probability after one GRPO update; the others lose it."""
+    from sagc_jax.rl.train_step import completion_logprobs
+
+    batch = _batch(3)
+    rows = len(batch["lengths"])
+    target = 7
+    batch["tokens"][::2, LP] = target  # half the rows start with the rewarded token
+    batch["rewards"] = (batch["tokens"][:, LP] == target).astype(np.float32)
+    graphdef, params0 = nnx.split(Transformer(CFG, rngs=nnx.Rngs(0)))
+    lp0 = completion_logprobs(graphdef, params0, batch["tokens"], batch["prompt_pad"],
+                              batch["lengths"], LP, 1.0)
+    batch["old_logprobs"] = np.asarray(lp0)
+    params1, _ = _run((1, 1, 1), batch, settings=LossSettings(max_tokens=N), steps=1)
+    lp1 = completion_logprobs(graphdef, params1, batch["tokens"], batch["prompt_pad"],
+                              batch["lengths"], LP, 1.0)
+    delta_first = np.asarray(lp1 - lp0)[:, 0]
+    rewarded = batch["rewards"] > 0
+    assert delta_first[rewarded].mean() > 0 > delta_first[~rewarded].mean()
+    assert rows == G * P

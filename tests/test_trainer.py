@@ -23,7 +23,7 @@ from sagc_jax.metrics import TIMING_KEYS, read_jsonl
 # and 4 (timing: model keeps decisions reproducible, so resumed runs can be compared exactly).
 TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2",
-    "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short",
+    "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short", "data.task_max_steps=3",
     "data.prompts_per_step=4", "sagc.group_sizes=[2,4]", "sagc.initial_group_size=4",
     "sagc.warmup_steps=1", "sagc.timing=model", "sampling.max_new_tokens=32",
     "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8", "init.sft_steps=8",

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from sagc_jax.models.llama import KVCache, Transformer, init_cache
 from sagc_jax.models.sharding import BATCH_AXES, state_shardings
+from sagc_jax.parallel import allgather, global_to_host_local, host_local_to_global, process_rows
 from sagc_jax.sampling.buckets import SamplingConfig, Shape, declared_shapes, prompt_bucket_for
 from sagc_jax.sampling.compile_counter import compile_count, install
 
@@ -158,7 +159,18 @@ class Sampler:
         for s in tqdm(self.shapes, desc="compiling sampler shapes", disable=not progress):
             for fn, args, kw in self._abstract_calls(s):
                 fn.lower(*args, **kw).compile()
+            if jax.process_count() > 1:
+                self._warm_gathers(s)
         return compile_count() - before
+
+    def _warm_gathers(self, s: Shape) -> None:
+        """Runs `_pack_global`'s cross-process gathers once on dummy data of shape `s` (each
+        gather is a small jitted program per shape), assuming every process passes an equal
+        share of the prompts. A collective: every process must call it in the same order."""
+        k = max(s.prompts // jax.process_count(), 1)
+        allgather(np.zeros((1, 2), np.int64))
+        allgather(np.zeros((k, s.prompt_bucket), np.int32))
+        allgather(np.zeros((k,), np.int32))
 
     # ---- generate -------------------------------------------------------------------------
 
@@ -184,12 +196,18 @@ class Sampler:
         if top_p is not None and not c.use_top_p:
             raise ValueError("top_p given but SamplingConfig.use_top_p=False (not compiled in)")
         p_max = c.prompts_for(g)
-        if len(prompts) > p_max:
-            raise ValueError(f"{len(prompts)} prompts given but the sampler is compiled for at "
-                             f"most {p_max} prompts at group_size {g}")
         if not prompts:
             raise ValueError("no prompts given")
-        ids, lens, lp = self._pack(prompts, p_max)
+        multi = jax.process_count() > 1
+        if multi:
+            # Multi-controller: `prompts` are this process's block of the global prompts.
+            ids, lens, lp, num_real = self._pack_global(prompts, p_max)
+        else:
+            if len(prompts) > p_max:
+                raise ValueError(f"{len(prompts)} prompts given but the sampler is compiled for "
+                                 f"at most {p_max} prompts at group_size {g}")
+            ids, lens, lp = self._pack(prompts, p_max)
+            num_real = len(prompts)
         shape = self._shape[(g, lp)]
 
         before = compile_count()
@@ -201,12 +219,15 @@ class Sampler:
         cache, last = self._prefill(pure, ids, lens, g=g)
         jax.block_until_ready(last)
         t1 = time.perf_counter()
-        out = self._decode(pure, cache, last, lens, key, np.int32(n), np.int32(len(prompts)),
+        out = self._decode(pure, cache, last, lens, key, np.int32(n), np.int32(num_real),
                            np.float32(temperature),
                            np.int32(top_k if top_k is not None else self.cfg.vocab_size),
                            np.float32(top_p if top_p is not None else 1.0), np.bool_(greedy),
                            g=g, lp=lp)
-        tokens, logprobs, lengths, hit, steps = jax.device_get(out)  # the one host sync
+        if multi:
+            tokens, logprobs, lengths, hit, steps = self._local_rows(out, len(prompts), g, p_max)
+        else:
+            tokens, logprobs, lengths, hit, steps = jax.device_get(out)  # the one host sync
         t2 = time.perf_counter()
 
         rows = len(prompts) * g
@@ -229,6 +250,80 @@ class Sampler:
 
         Dummy prompts (rows dropped from the output) are one pad token long.
         """
+        seqs = self._checked(prompts)
+        lp = self.prompt_bucket_for(max(a.size for a in seqs))
+        ids, lens = self._left_pad(seqs, p_max, lp)
+        if self.mesh is not None:
+            ids, lens = self._put_rows(ids), self._put_rows(lens)
+        return ids, lens, lp
+
+    def _left_pad(self, seqs: list[np.ndarray], rows: int,
+                  lp: int) -> tuple[np.ndarray, np.ndarray]:
+        """ids [rows, lp] (left-padded), lens [rows]; rows past len(seqs) are 1-token dummies."""
+        ids = np.full((rows, lp), self.pad_id, np.int32)
+        lens = np.ones((rows,), np.int32)
+        for i, a in enumerate(seqs):
+            ids[i, lp - a.size:] = a
+            lens[i] = a.size
+        return ids, lens
+
+    def _pack_global(self, prompts: Sequence[Sequence[int]],
+                     p_max: int) -> tuple[jax.Array, jax.Array, int, int]:
+        """Multi-process `_pack`: this process's prompts -> the global ids [P, Lp] / lens [P].
+
+        Every process passes the same number k of prompts, its contiguous block of the global
+        prompt order (process p holds prompts [p*k, (p+1)*k)). The prompt bucket is the one of the
+        longest prompt over all processes (every process must run the same program), and dummy
+        padding stays at the global end, so the arrays equal a single process's `_pack` of the
+        concatenated prompts. Returns (ids, lens, Lp, number of real prompts).
+        """
+        if self.mesh is None:
+            raise ValueError("a multi-process Sampler needs a mesh")
+        seqs = self._checked(prompts)
+        info = allgather(np.asarray([[len(seqs), max(a.size for a in seqs)]], np.int64))
+        if (info[:, 0] != info[0, 0]).any():
+            raise ValueError(f"every process must pass the same number of prompts, got "
+                             f"{info[:, 0].tolist()}")
+        total = int(info[:, 0].sum())
+        if total > p_max:
+            raise ValueError(f"{total} prompts given over {len(info)} processes but the sampler "
+                             f"is compiled for at most {p_max}")
+        spec = self._rows_spec(p_max)
+        if spec is None:
+            ways = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
+            raise ValueError(f"{p_max} prompts do not split over data x fsdp = {ways} devices; "
+                             "with several processes every rows count must")
+        lp = self.prompt_bucket_for(int(info[:, 1].max()))
+        block_ids, block_lens = self._left_pad(seqs, len(seqs), lp)
+        # Small ([P, Lp] int32): gather everyone's prompts so each process lays out the exact
+        # global arrays, then contributes the rows its devices hold.
+        ids, lens = self._left_pad([], p_max, lp)
+        ids[:total], lens[:total] = allgather(block_ids), allgather(block_lens)
+        sh = NamedSharding(self.mesh, spec)
+        mine = process_rows(p_max, sh)
+        ids_g = host_local_to_global(ids[mine], NamedSharding(self.mesh, self._rows_spec(
+            p_max, 0, 2)))
+        return ids_g, host_local_to_global(lens[mine], sh), lp, total
+
+    def _local_rows(self, out: tuple[jax.Array, ...], k: int, g: int,
+                    p_max: int) -> tuple[np.ndarray, ...]:
+        """This process's rows (its k prompts' groups) of the global decode outputs, as numpy.
+
+        With k * processes == P (the trainer's case) a process's prompts are exactly the rows
+        its devices hold; otherwise (dummy padding) the blocks are gathered and sliced.
+        """
+        tokens, logprobs, lengths, hit, steps = (global_to_host_local(x) for x in out)
+        if k * jax.process_count() != p_max:
+            tokens, logprobs, lengths, hit = allgather((tokens, logprobs, lengths, hit))
+        else:
+            held = process_rows(p_max * g, out[2].sharding)
+            assert held.stop - held.start == k * g, (held, k, g)
+            return tokens, logprobs, lengths, hit, steps
+        mine = slice(jax.process_index() * k * g, (jax.process_index() + 1) * k * g)
+        return tokens[mine], logprobs[mine], lengths[mine], hit[mine], steps
+
+    def _checked(self, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Prompts as int32 arrays, validated (non-empty, within the buckets or truncated)."""
         seqs = []
         for i, p in enumerate(prompts):
             a = np.asarray(p, np.int32).reshape(-1)
@@ -242,15 +337,7 @@ class Sampler:
                         f"prompt {i} has {a.size} tokens, longer than the largest prompt bucket "
                         f"{self.config.prompt_buckets[-1]} (buckets {self.config.prompt_buckets})")
             seqs.append(a)
-        lp = self.prompt_bucket_for(max(a.size for a in seqs))
-        ids = np.full((p_max, lp), self.pad_id, np.int32)
-        lens = np.ones((p_max,), np.int32)
-        for i, a in enumerate(seqs):
-            ids[i, lp - a.size:] = a
-            lens[i] = a.size
-        if self.mesh is not None:
-            ids, lens = self._put_rows(ids), self._put_rows(lens)
-        return ids, lens, lp
+        return seqs
 
     def _params(self, params: Params | None) -> dict:
         """Pure-dict params (the jit argument), from the model's live state by default."""

@@ -1,0 +1,190 @@
+"""`sagc-jax compare`: the summary math on synthetic metrics rows, and the whole machinery
+(train per policy x seed, shared SFT, eval, results.md/json, plots, resume) on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from sagc_jax.cli import main
+from sagc_jax.compare import (
+    COLUMNS,
+    Policy,
+    aggregate,
+    auto_target,
+    cumulative_seconds,
+    format_cell,
+    moving_average,
+    parse_policies,
+    parse_seeds,
+    spread,
+    step_seconds,
+    summarize_run,
+    time_to_target,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rows(rewards, step_s=2.0, **extra):
+    return [{"step": i + 1, "reward_mean": r, "step_s": step_s, "straggler_rate": 0.1,
+             "len_mean": 10.0 + i, "group_size": 4 + 4 * (i % 2), **extra}
+            for i, r in enumerate(rewards)]
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+def test_moving_average_is_trailing_over_full_windows():
+    np.testing.assert_allclose(moving_average([1, 2, 3, 4, 5], 2), [1.5, 2.5, 3.5, 4.5])
+    np.testing.assert_allclose(moving_average([1, 2, 3], 3), [2.0])
+    assert len(moving_average([1, 2], 3)) == 0
+    with pytest.raises(ValueError):
+        moving_average([1.0], 0)
+
+
+def test_time_to_target_first_crossing_of_the_moving_average():
+    # Rewards 0.0 .. 0.9; the 3-step mean at index i is (i-1) / 10, >= 0.45 first at i = 6.
+    rows = _rows([i / 10 for i in range(10)], step_s=2.0)
+    step, secs = time_to_target(rows, 0.45, window=3)
+    assert step == 7 and secs == pytest.approx(14.0)  # 7 steps x 2 s
+    # One lucky step does not count: a spike of 1.0 alone is diluted by the window.
+    spike = _rows([0, 0, 1.0, 0, 0, 0])
+    assert time_to_target(spike, 0.5, window=3) == (None, None)
+    assert time_to_target(spike, 0.5, window=1) == (3, pytest.approx(6.0))
+    # Fewer rows than the window: never reached.
+    assert time_to_target(_rows([1.0, 1.0]), 0.5, window=3) == (None, None)
+
+
+def test_wall_clock_excludes_in_training_eval_time():
+    rows = [{"step": 1, "step_s": 3.0}, {"step": 2, "step_s": 5.0, "eval_s": 4.0}]
+    assert step_seconds(rows[1]) == pytest.approx(1.0)
+    np.testing.assert_allclose(cumulative_seconds(rows), [3.0, 4.0])
+
+
+def test_summarize_run_windows():
+    rows = _rows([0.0] * 10 + [1.0] * 10, step_s=0.5)
+    s = summarize_run(rows, target=0.5, window=10)
+    assert s["steps"] == 20 and s["total_s"] == pytest.approx(10.0)
+    assert s["final_reward"] == pytest.approx(1.0)  # last 10 steps
+    assert s["len_mean"] == pytest.approx(np.mean(np.arange(20) + 10.0))  # last 20 steps
+    assert s["mean_group_size"] == pytest.approx(6.0)
+    assert s["straggler_rate"] == pytest.approx(0.1)
+    # The 10-step mean reaches 0.5 when 5 of the 10 are ones: step 15, 7.5 s.
+    assert s["steps_to_target"] == 15 and s["time_to_target_s"] == pytest.approx(7.5)
+
+
+def test_spread_and_aggregate_ignore_not_reached():
+    s = spread([1.0, 3.0, None])
+    assert s["n"] == 2 and s["of"] == 3
+    assert s["mean"] == pytest.approx(2.0) and s["std"] == pytest.approx(math.sqrt(2.0))
+    assert (s["min"], s["max"]) == (1.0, 3.0)
+    assert spread([2.0])["std"] == 0.0
+    assert spread([None, float("nan")])["mean"] is None
+    agg = aggregate({"sagc": {0: {"total_s": 10.0}, 1: {"total_s": 14.0}}}, keys=["total_s"])
+    assert agg["sagc"]["total_s"]["mean"] == pytest.approx(12.0)
+    assert format_cell(agg["sagc"]["total_s"], "{:.0f}") == "12 ± 3"
+    assert format_cell(spread([None, None]), "{:.0f}", reached=True) == "not reached (0/2)"
+    assert format_cell(spread([5.0, None]), "{:.0f}", reached=True) == "5 ± 0 (1/2 reached)"
+
+
+def test_auto_target_is_relative_to_the_runs():
+    # 80 % of the way from 0.2 to the best final reward 0.7.
+    assert auto_target([0.1, 0.3], {"a": 0.5, "b": 0.7}) == pytest.approx(0.6)
+    # Nobody improved: the target stays above the start (min_gain), so nobody "reaches" it.
+    assert auto_target([0.3], {"a": 0.2}) == pytest.approx(0.34)
+
+
+def test_parse_policies_and_seeds():
+    pols = parse_policies("static-4, sagc,static-16")
+    assert [p.name for p in pols] == ["static-4", "sagc", "static-16"]
+    assert Policy("static-4", 4).overrides() == [
+        "sagc.enabled=false", "sagc.initial_group_size=4", "sagc.group_sizes=[4]"]
+    assert Policy("sagc", None).overrides() == ["sagc.enabled=true"]
+    for bad in ("static-x", "dynamic", "sagc,sagc", "static-1", ""):
+        with pytest.raises(ValueError):
+            parse_policies(bad)
+    assert parse_seeds("0,1") == [0, 1]
+    for bad in ("a", "0,0", ""):
+        with pytest.raises(ValueError):
+            parse_seeds(bad)
+
+
+# ----------------------------------------------------------------------------- end to end
+
+TINY = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2",
+    "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short",
+    "data.prompts_per_step=2", "data.num_eval=8", "sagc.group_sizes=[2,4]",
+    "sagc.initial_group_size=2", "sagc.warmup_steps=1", "sagc.timing=model",
+    "sampling.max_new_tokens=32", "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8",
+    "init.sft_steps=4", "init.sft_batch_size=8", "run.steps=3", "run.plots=false",
+]
+
+
+def _initial_params(run_dir: Path) -> list[np.ndarray]:
+    with ocp.StandardCheckpointer() as c:
+        tree = c.restore(run_dir / "checkpoints" / "initial")
+    return [np.asarray(x) for x in __import__("jax").tree.leaves(tree)]
+
+
+def test_compare_end_to_end(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--config", str(ROOT / "configs/compare_cpu.yaml"), "--out-dir", str(out),
+            "--seeds", "0", "--policies", "static-2,sagc", "--window", "2", *TINY]
+    assert main(argv) == 0, capsys.readouterr().err
+    for name in ("results.md", "results.json", "reward_vs_wallclock.png", "group_size.png",
+                 "straggler_rate.png", "completion_length.png"):
+        assert (out / name).is_file(), name
+        assert (out / name).stat().st_size > 0, name
+
+    lines = (out / "results.md").read_text().splitlines()
+    table = [ln for ln in lines if ln.startswith("|")]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header == ["policy", *[h for _, h, _ in COLUMNS]]
+    body = {ln.strip("|").split("|")[0].strip(): ln for ln in table[2:]}
+    assert set(body) == {"static-2", "sagc"}
+    assert all(len(ln.strip("|").split("|")) == len(header) for ln in body.values())
+
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["policies"]) == {"static-2", "sagc"}
+    assert res["meta"]["steps"] == 3 and res["meta"]["seeds"] == [0]
+    for pol in ("static-2", "sagc"):
+        run = res["runs"][pol]["0"]
+        assert run["steps"] == 3 and 0.0 <= run["eval_accuracy"] <= 1.0
+        assert run["compile_s"] > 0 and run["total_s"] > 0
+        assert set(res["policies"][pol]) >= {k for k, _, _ in COLUMNS}
+    assert res["runs"]["static-2"]["0"]["mean_group_size"] == 2.0
+    # Same seed, same config for both: identical step budget and data.
+    for pol in ("static-2", "sagc"):
+        text = (out / f"{pol}-s0" / "metrics.jsonl").read_text()
+        rows = [json.loads(x) for x in text.splitlines()]
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        assert all(r["prompts"] == 2 for r in rows)
+    # SFT ran once and was shared: the second run restored the exact same params.
+    assert res["runs"]["static-2"]["0"]["sft_shared"] is False
+    assert res["runs"]["sagc"]["0"]["sft_shared"] is True
+    for a, b in zip(_initial_params(out / "static-2-s0"), _initial_params(out / "sagc-s0")):
+        np.testing.assert_array_equal(a, b)
+
+    # Resumable: a second invocation skips both finished runs and reuses their evals.
+    capsys.readouterr()
+    assert main([*argv, "--target", "0.5"]) == 0
+    log = capsys.readouterr().out
+    assert log.count("final checkpoint exists, skipped") == 2
+    assert "held-out accuracy" not in log  # cached eval.json
+    assert json.loads((out / "results.json").read_text())["meta"]["target"] == 0.5
+
+
+def test_compare_bad_input_fails_cleanly(tmp_path, capsys):
+    base = ["compare", "--config", str(ROOT / "configs/compare_cpu.yaml"), "--out-dir",
+            str(tmp_path)]
+    assert main([*base, "--policies", "static-x"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
+    assert main([*base, "sagc.delta=-1"]) == 2
+    assert "sagc.delta" in capsys.readouterr().err
