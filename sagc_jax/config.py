@@ -335,6 +335,10 @@ class InitConfig:
     sft_steps: int = _f(0, "SFT steps before GRPO; 0 = none.", ge=0)
     sft_lr: float = _f(1e-3, "SFT learning rate.", gt=0)
     sft_batch_size: int = _f(32, "SFT examples per step.", ge=1)
+    sft_format_noise: float = _f(
+        0.0, "Fraction of SFT solutions whose answer line is written 'answer: N' instead of "
+        "'#### N' (which the exact_answer reward needs): GRPO then has a format habit to fix.",
+        ge=0, lt=1)
     params: str | None = _f(
         None, "Orbax params dir to start from instead of the SFT warm start (e.g. another run's "
         "checkpoints/initial): comparisons then share one warm start.")

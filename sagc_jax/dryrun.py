@@ -292,9 +292,13 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                 errors.append(msg + ": host-local batches cannot form the global batch")
             else:
                 warnings.append(msg + ": the batch is replicated (correct, not data-parallel)")
-        if multi and p % num_processes:
-            errors.append(f"prompts {p} at G {g} do not divide the {num_processes} processes "
-                          "(each host samples whole groups of its own prompts)")
+        data_shards = cfg.data.shards or num_processes
+        if data_shards % num_processes:
+            errors.append(f"data.shards {data_shards} is not a multiple of the "
+                          f"{num_processes} processes")
+        elif p % data_shards:
+            errors.append(f"prompts {p} at G {g} do not divide data.shards = {data_shards} "
+                          "(each shard contributes whole groups of its own prompts)")
         shards = batch_ways if split else 1
         for lp in s.prompt_buckets:
             cache = _cache_bucket(lp, s.max_new_tokens, s.cache_buckets)

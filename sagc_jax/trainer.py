@@ -13,6 +13,7 @@ import json
 import math
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,25 @@ def _bucket(value: int, buckets: tuple[int, ...]) -> int:
         if value <= b:
             return b
     raise ValueError(f"{value} exceeds the largest bucket {buckets[-1]}")
+
+
+class FormatNoise(Sequence):
+    """SFT examples where a fixed, seeded fraction `p` of solutions end in `answer: N` instead of
+    `#### N`. The warm-started model then writes the wrong answer format about `p` of the time,
+    a habit GRPO has to unlearn from the exact-answer reward (a realistic, quickly visible RL
+    effect; see README)."""
+
+    def __init__(self, base: Sequence, p: float, seed: int):
+        self.base, self.p, self.seed = base, p, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ex = dict(self.base[i])
+        if np.random.default_rng([self.seed, 7, int(i)]).random() < self.p:
+            ex["solution"] = ex["solution"].replace("#### ", "answer: ")
+        return ex
 
 
 @dataclasses.dataclass
@@ -274,7 +294,10 @@ class Trainer:
                        donate_argnums=(0, 1))
         s = self.cfg.sampling
         seq_len = s.prompt_buckets[-1] + s.max_new_tokens
-        batches = make_sft_batches(self.train_examples, tokenizer=self.tokenizer,
+        examples = self.train_examples
+        if self.cfg.init.sft_format_noise > 0:
+            examples = FormatNoise(examples, self.cfg.init.sft_format_noise, self.cfg.run.seed)
+        batches = make_sft_batches(examples, tokenizer=self.tokenizer,
                                    batch_size=self.cfg.init.sft_batch_size,
                                    seed=self.cfg.run.seed + 1, num_epochs=None,
                                    chat_template=self.cfg.data.chat_template,

@@ -241,21 +241,15 @@ def test_round_trip(tmp_path: pathlib.Path) -> None:
 
 
 def test_tiny_cpu_yaml_loads() -> None:
+    """The README's main job: a fresh tiny Llama on the built-in task, SAGC on, SFT warm start,
+    deterministic SAGC timing (so runs resume exactly)."""
     cfg = load_config(str(TINY), [])
-    assert cfg.data.task == "arith" and cfg.data.prompts_per_step == 8
-    m = cfg.model
-    assert (m.model_type, m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads) == (
-        "llama",
-        128,
-        4,
-        4,
-        2,
-    )
-    assert m.intermediate_size == 384
-    assert cfg.init.sft_steps == 300 and cfg.run.steps == 150
+    assert cfg.data.task == "arith" and cfg.model.path is None
+    assert cfg.model.model_type == "llama" and cfg.model.hidden_size <= 256
+    assert cfg.init.sft_steps > 0 and cfg.run.steps > 0
     assert cfg.sagc.enabled and cfg.sagc.group_sizes == (4, 8, 12, 16)
-    assert cfg.sampling.max_new_tokens == 128
-    assert cfg.optim.lr == pytest.approx(3e-5)
+    assert cfg.sagc.timing == "model"
+    assert cfg.validate() is cfg
 
 
 def test_config_keys() -> None:

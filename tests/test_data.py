@@ -291,9 +291,6 @@ def test_prompt_iterator_max_len(tok):
         make_prompt_iterator([], tokenizer=tok)
 
 
-@pytest.mark.skipif(
-    not os.environ.get("SAGC_SLOW_TESTS"), reason="spawns grain workers (~6 s); SAGC_SLOW_TESTS=1"
-)
 def test_prompt_iterator_workers(tok):
     src = make_arith_examples(60, seed=2)
     a = [x["prompt"] for x in make_prompt_iterator(src, tokenizer=tok, seed=1, num_epochs=1)]

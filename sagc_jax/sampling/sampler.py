@@ -317,7 +317,9 @@ class Sampler:
             tokens, logprobs, lengths, hit = allgather((tokens, logprobs, lengths, hit))
         else:
             held = process_rows(p_max * g, out[2].sharding)
-            assert held.stop - held.start == k * g, (held, k, g)
+            if held != slice(jax.process_index() * k * g, (jax.process_index() + 1) * k * g):
+                raise ValueError(f"this process's devices hold rows {held}, not its prompts' "
+                                 "rows: the mesh must keep jax.devices() order (make_mesh)")
             return tokens, logprobs, lengths, hit, steps
         mine = slice(jax.process_index() * k * g, (jax.process_index() + 1) * k * g)
         return tokens[mine], logprobs[mine], lengths[mine], hit[mine], steps
