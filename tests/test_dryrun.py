@@ -129,7 +129,7 @@ def test_mesh_and_batch_validation(fake_hf):
     # 48 rollouts: 3 prompts at G=16 cannot split over 4 hosts, 48 rows not over 16 shards.
     r = dry_run(_load(tpu, fake_hf, "sagc.rollouts_per_step=48", "algo.micro_batch_rows=16"),
                 num_devices=16, num_processes=4)
-    assert not r["ok"] and any("do not divide the 4 processes" in e for e in r["errors"])
+    assert not r["ok"] and any("do not divide data.shards = 4" in e for e in r["errors"])
     # micro_batch_rows must divide every rows count.
     r = dry_run(_load(tpu, fake_hf, "algo.micro_batch_rows=100"), num_devices=16,
                 num_processes=4)
