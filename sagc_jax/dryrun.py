@@ -40,6 +40,7 @@ from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.models import ModelConfig, Transformer, from_hf_dict
+from sagc_jax.models.config import from_run_section
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
 
@@ -96,14 +97,7 @@ def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelC
     if vocab_size is None:
         raise DryRunError("model.tokenizer: needed for the vocabulary size of a fresh model, "
                           f"but {m.tokenizer!r} does not exist here")
-    mcfg = ModelConfig(
-        model_type=m.model_type, vocab_size=vocab_size, hidden_size=m.hidden_size,
-        intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads, head_dim=m.head_dim or m.hidden_size // m.num_heads,
-        rope_theta=m.rope_theta, max_position_embeddings=m.max_position_embeddings,
-        tie_word_embeddings=m.tie_word_embeddings,
-        qkv_bias=m.attention_bias or m.model_type == "qwen2",
-        o_bias=m.attention_bias and m.model_type == "llama", dtype=m.dtype, remat=m.remat)
+    mcfg = from_run_section(m, vocab_size)
     return mcfg, "fresh (model.* fields)"
 
 

@@ -29,6 +29,7 @@ from sagc_jax.data.pipeline import load_examples, make_prompt_iterator, make_sft
 from sagc_jax.data.tokenizer import decode_completion, load_tokenizer
 from sagc_jax.metrics import RunWriter
 from sagc_jax.models import ModelConfig, Transformer, from_pretrained
+from sagc_jax.models.config import from_run_section
 from sagc_jax.models.sharding import replicated, state_shardings
 from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import (
@@ -67,16 +68,9 @@ def build_model(cfg: Config, vocab_size: int, tokenizer, mesh) -> tuple[Transfor
             model.cfg = dataclasses.replace(mcfg, remat=True)
             mcfg = model.cfg
         return model, mcfg
-    mcfg = ModelConfig(
-        model_type=m.model_type, vocab_size=vocab_size, hidden_size=m.hidden_size,
-        intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads, head_dim=m.head_dim or m.hidden_size // m.num_heads,
-        rope_theta=m.rope_theta, max_position_embeddings=m.max_position_embeddings,
-        tie_word_embeddings=m.tie_word_embeddings,
-        qkv_bias=m.attention_bias or m.model_type == "qwen2",
-        o_bias=m.attention_bias and m.model_type == "llama", dtype=m.dtype, remat=m.remat,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id)
+    mcfg = from_run_section(m, vocab_size, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
     return Transformer(mcfg, rngs=nnx.Rngs(cfg.run.seed)), mcfg
 
 

@@ -109,6 +109,22 @@ class ModelConfig:
         return self.num_layers * per_layer + emb + h
 
 
+def from_run_section(m: Any, vocab_size: int, *, bos_token_id: int | None = None,
+                     eos_token_id: int | None = None,
+                     pad_token_id: int | None = None) -> ModelConfig:
+    """A fresh model's config from the run config's `model:` section (no HF dir)."""
+    return ModelConfig(
+        model_type=m.model_type, vocab_size=vocab_size, hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads, head_dim=m.head_dim or m.hidden_size // m.num_heads,
+        rope_theta=m.rope_theta, max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_word_embeddings,
+        # `attention_bias` means Qwen2-style q/k/v bias; Llama's HF flag also biases o_proj.
+        qkv_bias=m.attention_bias or m.model_type == "qwen2",
+        o_bias=m.attention_bias and m.model_type == "llama", dtype=m.dtype, remat=m.remat,
+        bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+
+
 def _rope_from_hf(d: dict[str, Any]) -> tuple[float, str, tuple[tuple[str, Any], ...]]:
     """Reads RoPE settings from either layout: 5.x `rope_parameters` or 4.x `rope_theta` +
     `rope_scaling`."""
