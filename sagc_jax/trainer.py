@@ -574,7 +574,9 @@ class Trainer:
     def restore_or_init(self) -> str:
         """Resumes from the newest good checkpoint (run.resume), else runs the SFT warm start."""
         mode = self.cfg.run.resume
-        self.ckpt.check_writable()
+        # params + AdamW moments, twice over (a checkpoint being written while `keep` exist).
+        param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
+        self.ckpt.check_writable(min_free_bytes=6 * param_bytes)
         restored = None
         if mode != "never":
             restored = self.ckpt.restore_latest(self._state(0), self.model_cfg)

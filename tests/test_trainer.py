@@ -185,3 +185,36 @@ def test_malformed_dataset_row_names_file_and_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1
     assert "train.jsonl" in err and "line 2" in err
+
+
+def test_full_disk_is_detected_before_training(tmp_path):
+    from sagc_jax.checkpoint import RunCheckpointer
+
+    ck = RunCheckpointer(tmp_path / "ck", every=1, keep=1)
+    with pytest.raises(OSError, match="MiB free"):
+        ck.check_writable(min_free_bytes=10**18)
+
+
+def test_sigint_stops_after_the_current_step_and_saves(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(_cli(run_dir, "run.steps=50", "checkpoint.every=0"), env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped by signal" in out
+    done = len(metrics.read_text().splitlines())
+    assert 2 <= done < 50
+    step, _ = _final_params(run_dir)
+    assert step == done
