@@ -218,3 +218,15 @@ def test_sigint_stops_after_the_current_step_and_saves(tmp_path):
     assert 2 <= done < 50
     step, _ = _final_params(run_dir)
     assert step == done
+
+
+def test_simulate_replays_a_real_trace(reference_run, tmp_path):
+    """The trainer's trace.jsonl is a valid `sagc-jax simulate` workload."""
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text(f"steps: 30\nseed: 0\nworkload:\n  trace: {reference_run / 'trace.jsonl'}\n"
+                   "sagc: {group_sizes: [2, 4], initial_group_size: 4, delta: 0.1}\n")
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--config", str(cfg), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert {"static-2", "static-4", "sagc"} <= set(res["policies"])
+    assert 2 <= res["policies"]["sagc"]["mean_group_size"] <= 4
