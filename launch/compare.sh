@@ -14,6 +14,7 @@
 # Env: SAGC_JAX (the CLI; default `sagc-jax`, falling back to `python -m sagc_jax.cli`),
 #      JAX_COMPILATION_CACHE_DIR (default ~/.cache/sagc-jax/jax), CPU_DEVICES (default 1).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 config=configs/compare_cpu.yaml
 out=runs/compare
@@ -26,18 +27,9 @@ while [[ $# -gt 0 ]]; do  # leading -c/-o/-h; everything from the first other wo
     *) break ;;
   esac
 done
-if [[ ! -f $config ]]; then
-  echo "compare.sh: config file not found: $config" >&2
-  exit 2
-fi
+require_config compare.sh "$config"
 
-if [[ -n ${SAGC_JAX:-} ]]; then
-  read -r -a cli <<<"$SAGC_JAX"
-elif command -v sagc-jax >/dev/null 2>&1; then
-  cli=(sagc-jax)
-else
-  cli=(python -m sagc_jax.cli)
-fi
+resolve_cli
 
 export JAX_PLATFORMS=cpu
 # One device: a 2-core machine gains nothing from fake devices, and XLA already uses both cores.

@@ -24,6 +24,7 @@
 #   DRY_RUN                        [0]     1 = python -m sagc_jax.dryrun on this machine's GPUs
 #   SAGC_JAX                       [sagc-jax]  the CLI to run
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
   sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
@@ -31,10 +32,7 @@ if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
 fi
 config=$1
 shift
-if [[ ! -f $config ]]; then
-  echo "gpu.sh: config file not found: $config" >&2
-  exit 2
-fi
+require_config gpu.sh "$config"
 
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-true}
@@ -51,11 +49,5 @@ fi
 if [[ ${DRY_RUN:-0} == 1 ]]; then
   exec python -m sagc_jax.dryrun --config "$config" "$@"
 fi
-if [[ -n ${SAGC_JAX:-} ]]; then
-  read -r -a cli <<<"$SAGC_JAX"
-elif command -v sagc-jax >/dev/null 2>&1; then
-  cli=(sagc-jax)
-else
-  cli=(python -m sagc_jax.cli)
-fi
+resolve_cli
 exec "${cli[@]}" train --config "$config" "$@"

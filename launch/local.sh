@@ -21,6 +21,7 @@
 # Env: SAGC_JAX (the CLI to run; default `sagc-jax`, falling back to `python -m sagc_jax.cli`),
 #      LOG_DIR (default: a fresh temp dir), JAX_COMPILATION_CACHE_DIR (default ~/.cache/sagc-jax).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 devices=4
 procs=1
@@ -42,18 +43,9 @@ if [[ $# -lt 1 ]]; then
 fi
 config=$1
 shift
-if [[ ! -f $config ]]; then
-  echo "local.sh: config file not found: $config" >&2
-  exit 2
-fi
+require_config local.sh "$config"
 
-if [[ -n ${SAGC_JAX:-} ]]; then
-  read -r -a cli <<<"$SAGC_JAX"
-elif command -v sagc-jax >/dev/null 2>&1; then
-  cli=(sagc-jax)
-else
-  cli=(python -m sagc_jax.cli)
-fi
+resolve_cli
 
 export JAX_PLATFORMS=cpu
 export XLA_FLAGS="--xla_force_host_platform_device_count=${devices} ${XLA_FLAGS:-}"
