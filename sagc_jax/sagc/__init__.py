@@ -3,26 +3,28 @@ offline simulator. See docs/sagc.md."""
 
 from sagc_jax.sagc.controller import (
     REASONS,
-    Observation,
     SAGCConfig,
-    SAGCPolicy,
     State,
-    StaticPolicy,
     choose,
     config_from_dict,
-    counterfactual_risk,
-    hypergeom_none,
     init_state,
-    make_policy,
     observe,
+    record_choice,
+)
+from sagc_jax.sagc.estimators import (
     posterior_risk,
     predicted_benefit,
     predicted_cost,
     prompts_for,
-    record_choice,
+)
+from sagc_jax.sagc.events import (
+    Observation,
+    counterfactual_risk,
+    hypergeom_none,
     step_straggler_rate,
     straggler_events,
 )
+from sagc_jax.sagc.policy import SAGCPolicy, StaticPolicy, make_policy
 
 __all__ = [
     "REASONS",

@@ -1,16 +1,11 @@
-"""SAGC controller: pure host-side state + update functions (DESIGN.md §5; math in docs/sagc.md).
+"""SAGC controller: the config, the pure state, ``observe`` and ``choose`` (DESIGN.md §5).
 
 The controller is tiny and runs on the host in numpy. Its whole state is a flat ``dict`` of numpy
 arrays with static shapes (a pytree that round-trips through Orbax ``StandardSave/Restore``).
 Every random draw comes from ``numpy.random.default_rng((seed, step, salt))``, so decisions are a
-deterministic function of (config, state, observations).
-
-Public pieces:
-  * ``SAGCConfig`` — the ``sagc:`` config section (frozen dataclass, ``validate()``).
-  * ``Observation`` — what one training step saw (lengths/truncated/rewards per row, timings).
-  * ``init_state`` / ``observe`` / ``choose`` / ``record_choice`` — pure functions.
-  * ``SAGCPolicy`` / ``StaticPolicy`` / ``make_policy`` — stateful wrappers for the trainer.
-  * ``prompts_for`` — the batch policy (prompts per step at group size g).
+deterministic function of (config, state, observations). The estimators it reads live in
+``estimators.py``, the event definition in ``events.py``, the trainer-facing wrappers in
+``policy.py``; the math is in docs/sagc.md.
 """
 
 from __future__ import annotations
@@ -18,25 +13,31 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from sagc_jax.sagc.betaq import beta_quantile
-
-State = dict[str, np.ndarray]
+from sagc_jax.sagc.estimators import (
+    State,
+    expected_decode_steps,
+    posterior_risk,
+    predicted_benefit,
+    predicted_cost,
+    ring_put,
+    ring_view,
+    risk_level,
+    truncation_rate,
+)
+from sagc_jax.sagc.estimators import prompts_for as prompts_for  # re-export (trainer, dryrun)
+from sagc_jax.sagc.events import Observation as Observation  # re-export (trainer)
+from sagc_jax.sagc.events import counterfactual_risk, straggler_events
 
 # Reason codes stored in the state (strings are not pytree leaves).
 REASONS: tuple[str, ...] = ("init", "warmup", "score", "no_feasible", "toward_feasible", "static")
 _SALT_OBSERVE = 0x5A6C
-
-
-# --------------------------------------------------------------------------------------------
-# Config
-# --------------------------------------------------------------------------------------------
+_POLICY_NAMES = ("SAGCPolicy", "StaticPolicy", "make_policy")
 
 
 @dataclass(frozen=True)
@@ -155,151 +156,6 @@ class SAGCConfig:
         return self
 
 
-def risk_level(risk: str) -> float | None:
-    """``"mean"`` -> None; ``"q90"`` -> 0.90. Raises ValueError otherwise."""
-    if risk == "mean":
-        return None
-    m = re.fullmatch(r"q(\d+(?:\.\d+)?)", str(risk))
-    if not m or not 50.0 < float(m.group(1)) < 100.0:
-        raise ValueError(f"bad risk {risk!r}")
-    return float(m.group(1)) / 100.0
-
-
-def prompts_for(cfg: SAGCConfig, g: int, prompts_per_step: int) -> int:
-    """Prompts per step at group size ``g``: fixed B ("prompts") or rollouts_per_step // g."""
-    if cfg.batch_policy == "prompts":
-        return int(prompts_per_step)
-    n = cfg.rollouts_per_step
-    if n is None or n % g:
-        raise ValueError(f"sagc.rollouts_per_step: must be divisible by group size {g}, got {n!r}")
-    return n // g
-
-
-# --------------------------------------------------------------------------------------------
-# Observation + event definition
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Observation:
-    """One step's rollouts. Rows are prompt-major: row r belongs to group r // group_size.
-
-    lengths: int [rows], generated tokens incl. EOS; truncated: bool [rows] (hit max_new_tokens);
-    rewards: float [rows]; prefill_s / decode_s: seconds; decode_steps: decode steps run
-    (a multiple of decode_chunk). Timings <= 0 mean "not measured" (e.g. a compile step).
-    """
-
-    group_size: int
-    lengths: np.ndarray
-    truncated: np.ndarray
-    rewards: np.ndarray
-    max_new_tokens: int
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    decode_steps: int = 0
-    rows: int = 0  # 0 = len(lengths)
-    prompts: int = 0  # 0 = rows // group_size
-    decode_chunk: int = 1
-
-
-def straggler_events(
-    lengths: np.ndarray, truncated: np.ndarray, tau: float, count_truncated: bool
-) -> np.ndarray:
-    """Straggler event per group. lengths/truncated: [..., g] -> bool [...].
-
-    Event: ``max L > tau * median L`` (numpy median: mean of the two middle values for even g),
-    or, when ``count_truncated``, any member truncated.
-    """
-    lengths = np.asarray(lengths, dtype=np.float64)
-    ev = lengths.max(-1) > tau * np.median(lengths, axis=-1)
-    if count_truncated:
-        ev = ev | np.asarray(truncated, dtype=bool).any(-1)
-    return ev
-
-
-def step_straggler_rate(cfg: SAGCConfig, obs: Observation) -> float:
-    """Fraction of the step's groups with a straggler event (the constrained quantity s_t)."""
-    g = int(obs.group_size)
-    lengths = np.asarray(obs.lengths).reshape(-1, g)
-    truncated = np.asarray(obs.truncated, dtype=bool).reshape(-1, g)
-    return float(straggler_events(lengths, truncated, cfg.tau, cfg.count_truncated).mean())
-
-
-def hypergeom_none(n: int, k: np.ndarray, g: int) -> np.ndarray:
-    """P(a uniform random g-subset of n items, k of them marked, contains no marked item).
-
-    = C(n-k, g) / C(n, g) = prod_{i<g} (n-k-i)/(n-i); k: int [...] -> float [...]. Requires g<=n.
-    """
-    k = np.asarray(k, dtype=np.float64)
-    p = np.ones_like(k)
-    for i in range(g):
-        p = p * np.clip((n - k - i) / (n - i), 0.0, None)
-    return p
-
-
-def counterfactual_risk(
-    lengths: np.ndarray,
-    truncated: np.ndarray,
-    g: int,
-    *,
-    tau: float,
-    count_truncated: bool,
-    rng: np.random.Generator,
-    mc: int,
-    pool_eps: np.ndarray,
-    trunc_rate: float,
-    max_new_tokens: int,
-) -> np.ndarray:
-    """P(straggler event) for a group of size g, estimated from each observed group.
-
-    lengths, truncated: [P, G] observed groups. Returns float [P].
-
-    g <= G: the truncation part is exact (hypergeometric); the tau-ratio part, conditioned on the
-    subset holding no truncated row, is a Monte-Carlo average over ``mc`` uniform g-subsets of the
-    untruncated rows (exact when g == G). g > G: each group is extended by g - G rows of the
-    "median x residual" model: residuals ``pool_eps`` [N] of recent untruncated rows (length /
-    group median) times this group's median, and a per-row truncation rate ``trunc_rate``
-    (applied analytically when count_truncated, i.e. Rao-Blackwellised; sampled otherwise).
-    """
-    lengths = np.asarray(lengths, dtype=np.float64)
-    truncated = np.asarray(truncated, dtype=bool)
-    p_groups, big_g = lengths.shape
-    if g == big_g:
-        return straggler_events(lengths, truncated, tau, count_truncated).astype(np.float64)
-    if g < big_g:
-        keys = rng.random((mc, p_groups, big_g))
-        if count_truncated:
-            keys = keys + 2.0 * truncated[None]  # untruncated rows sort first
-        idx = np.argsort(keys, axis=-1)[..., :g]
-        sub = np.take_along_axis(np.broadcast_to(lengths, keys.shape), idx, axis=-1)
-        ratio = (sub.max(-1) > tau * np.median(sub, axis=-1)).mean(0)
-        if not count_truncated:
-            return ratio
-        p_none = hypergeom_none(big_g, truncated.sum(-1), g)
-        return (1.0 - p_none) + p_none * ratio
-    # g > G: extend every group with g - G model rows.
-    extra = g - big_g
-    cap = float(max_new_tokens)
-    med = np.maximum(np.median(lengths, axis=-1), 1.0)  # [P]
-    new_len = med[None, :, None] * pool_eps[rng.integers(0, len(pool_eps), (mc, p_groups, extra))]
-    new_tr = new_len >= cap  # a long residual on a long prompt can itself hit the cap
-    if not count_truncated:
-        new_tr = new_tr | (rng.random(new_len.shape) < trunc_rate)
-    new_len = np.where(new_tr, cap, np.maximum(np.ceil(new_len), 1.0))
-    full_len = np.concatenate([np.broadcast_to(lengths, (mc, p_groups, big_g)), new_len], -1)
-    full_tr = np.concatenate([np.broadcast_to(truncated, (mc, p_groups, big_g)), new_tr], -1)
-    ev = straggler_events(full_len, full_tr, tau, count_truncated).mean(0)
-    if not count_truncated:
-        return ev
-    # P(event) = 1 - P(no truncation among the extra rows) * P(no other event).
-    return 1.0 - (1.0 - trunc_rate) ** extra * (1.0 - ev)
-
-
-# --------------------------------------------------------------------------------------------
-# State
-# --------------------------------------------------------------------------------------------
-
-
 def init_state(cfg: SAGCConfig) -> State:
     """Fresh controller state: a flat dict of numpy arrays with static shapes (K candidates)."""
     k = len(cfg.group_sizes)
@@ -330,66 +186,6 @@ def init_state(cfg: SAGCConfig) -> State:
         "last_choice": np.array(-1, np.int64),
         "last_score": np.zeros(k, f64),
     }
-
-
-def _ring_put(ring: np.ndarray, seen: int, values: np.ndarray) -> np.ndarray:
-    """Write ``values`` into a ring buffer after ``seen`` total writes (keeps the newest)."""
-    ring = ring.copy()
-    pos = (seen + np.arange(len(values))) % len(ring)
-    n = min(len(values), len(ring))
-    ring[pos[len(values) - n :]] = values[len(values) - n :]
-    return ring
-
-
-def _ring_view(ring: np.ndarray, seen: int) -> np.ndarray:
-    """Valid entries of a ring buffer (order irrelevant: used for bootstrap draws)."""
-    return ring[: min(int(seen), len(ring))]
-
-
-def _batch_prompts(cfg: SAGCConfig, state: State) -> np.ndarray:
-    """Prompts per step B(g) for every candidate: int [K]."""
-    b = max(int(state["prompts"]), 1)
-    return np.array([prompts_for(cfg, g, b) for g in cfg.group_sizes], np.int64)
-
-
-def truncation_rate(state: State) -> float:
-    """Per-row truncation rate from discounted counts.
-
-    Prior: 0.1 pseudo-truncations in 1 pseudo-row. Truncations are rare (~1e-3/row), so a
-    Jeffreys 0.5 would bias the rate (and the cost of large g) upward by 0.5 / effective rows.
-    """
-    rows, trunc = state["trunc_s"]
-    return float((trunc + 0.1) / (rows + 1.0))
-
-
-def expected_decode_steps(
-    cfg: SAGCConfig, state: State, rng: np.random.Generator, mc: int = 64
-) -> np.ndarray:
-    """E[decode steps] at each candidate g: float [K].
-
-    A batch at g has n = B(g)*g rows. E[steps] = P_tr(n) * cap + (1 - P_tr(n)) * E[max | none
-    truncated], with P_tr(n) = 1 - (1 - p_tr)^n analytic (rare loops dominate the tail; sampling
-    them would be noisy) and the untruncated max bootstrapped: B(g) medians drawn from recent
-    group medians, g residuals each from recent untruncated rows. Steps are rounded up to
-    decode_chunk; common random numbers across candidates keep their comparison low-noise.
-    """
-    eps = _ring_view(state["eps_ring"], state["rows_seen"])
-    eps = eps if len(eps) else np.ones(1)
-    meds = _ring_view(state["med_ring"], state["groups_seen"])
-    chunk = float(max(int(state["decode_chunk"]), 1))
-    cap = math.ceil(float(state["max_new_tokens"]) / chunk) * chunk
-    p_tr = truncation_rate(state)
-    bs = _batch_prompts(cfg, state)
-    gmax, bmax = max(cfg.group_sizes), int(bs.max())
-    m = meds[rng.integers(0, len(meds), size=(mc, bmax, 1))]
-    lens = np.ceil(m * eps[rng.integers(0, len(eps), size=(mc, bmax, gmax))])
-    out = np.empty(len(cfg.group_sizes))
-    for i, (g, b) in enumerate(zip(cfg.group_sizes, bs)):
-        mx = lens[:, :b, :g].max(axis=(1, 2))
-        untr = np.minimum(np.ceil(mx / chunk) * chunk, cap).mean()
-        p_any = 1.0 - (1.0 - p_tr) ** (int(b) * g)
-        out[i] = p_any * cap + (1.0 - p_any) * untr
-    return out
 
 
 def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
@@ -428,14 +224,14 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     eps = (lengths / med[:, None])[~truncated]
     seen = int(state["rows_seen"])
     if len(eps):
-        new["eps_ring"] = _ring_put(state["eps_ring"], seen, eps)
+        new["eps_ring"] = ring_put(state["eps_ring"], seen, eps)
         new["rows_seen"] = np.array(seen + len(eps), np.int64)
     lam_len = 0.5 ** (1.0 / cfg.length_half_life)
     new["trunc_s"] = lam_len * state["trunc_s"] + np.array([rows, truncated.sum()], np.float64)
     gseen = int(state["groups_seen"])
-    new["med_ring"] = _ring_put(state["med_ring"], gseen, med)
+    new["med_ring"] = ring_put(state["med_ring"], gseen, med)
     new["groups_seen"] = np.array(gseen + p_groups, np.int64)
-    pool_eps = _ring_view(new["eps_ring"], new["rows_seen"])
+    pool_eps = ring_view(new["eps_ring"], new["rows_seen"])
     if len(pool_eps) == 0:  # nothing untruncated seen yet: residual 1 (tight groups)
         pool_eps = np.ones(1)
     p_tr = truncation_rate(new)
@@ -483,84 +279,6 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     new["step"] = np.array(step + 1, np.int64)
     new["exp_steps"] = expected_decode_steps(cfg, new, rng)
     return new
-
-
-# --------------------------------------------------------------------------------------------
-# Risk, cost, benefit, decision
-# --------------------------------------------------------------------------------------------
-
-
-def posterior_risk(cfg: SAGCConfig, state: State) -> np.ndarray:
-    """Risk per candidate: Beta posterior mean or upper quantile. float [K]."""
-    a = cfg.prior_a + state["risk_a"]
-    b = cfg.prior_b + state["risk_b"]
-    q = risk_level(cfg.risk)
-    if q is None:
-        return a / (a + b)
-    return beta_quantile(q, a, b)
-
-
-def _interp_rows(rows: np.ndarray, measured: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per-shape value: measured EMA where available, else a least-squares line in rows.
-
-    0 measured shapes -> NaN (caller substitutes); 1 -> flat (optimistic: the accelerator case;
-    a larger shape gets measured once tried); >=2 -> linear fit, floored at half the smallest
-    measured value so a noisy negative slope cannot make a shape look free.
-    """
-    out = np.full(len(rows), np.nan)
-    if not measured.any():
-        return out
-    xr, yr = rows[measured].astype(np.float64), values[measured]
-    if len(np.unique(xr)) >= 2:
-        slope, icpt = np.polyfit(xr, yr, 1)
-        fit = np.maximum(icpt + slope * rows, 0.5 * yr.min())
-    else:
-        fit = np.full(len(rows), yr.mean())
-    return np.where(measured, values, fit)
-
-
-def predicted_cost(cfg: SAGCConfig, state: State) -> np.ndarray:
-    """Predicted rollout seconds per step at each g: prefill(rows_g) + E[steps_g] x t_dec(rows_g).
-
-    Without any timing yet, t_dec = 1 and prefill = 0 (cost in decode-step units).
-    """
-    rows = _batch_prompts(cfg, state) * np.array(cfg.group_sizes)
-    meas = state["measured"]
-    pre = np.nan_to_num(_interp_rows(rows, meas, state["prefill_s"]), nan=0.0)
-    dec = np.nan_to_num(_interp_rows(rows, meas, state["decode_step_s"]), nan=1.0)
-    steps = state["exp_steps"]
-    if not (steps > 0).all():
-        steps = np.full(len(rows), float(max(int(state["max_new_tokens"]), 1)))
-    return pre + steps * dec
-
-
-def pass_rate_beta(state: State) -> tuple[float, float]:
-    """Method-of-moments Beta(a, b) over per-prompt pass rates (prior: Beta(1,1) as 2 groups)."""
-    s0, s1, s2 = state["pass_s"] + np.array([2.0, 1.0, 2.0 / 3.0])
-    m = float(np.clip(s1 / s0, 1e-4, 1 - 1e-4))
-    var = float(np.clip(s2 / s0 - m * m, 1e-6, m * (1 - m) * (1 - 1e-3)))
-    nu = m * (1 - m) / var - 1.0
-    return m * nu, (1 - m) * nu
-
-
-def benefit_per_prompt(g: int, a: float, b: float) -> float:
-    """E_p[P(rewards not all equal | g)] x (1 - 1/g) with p ~ Beta(a, b).
-
-    E[p^g] = B(a+g, b)/B(a, b) (closed form via lgamma), likewise E[(1-p)^g].
-    """
-    lg = math.lgamma
-
-    def moment(x: float, y: float) -> float:
-        return math.exp(lg(x + g) + lg(x + y) - lg(x) - lg(x + y + g))
-
-    return max(0.0, 1.0 - moment(a, b) - moment(b, a)) * (1.0 - 1.0 / g)
-
-
-def predicted_benefit(cfg: SAGCConfig, state: State) -> np.ndarray:
-    """Expected informative-group benefit per step at each g: B(g) x benefit_per_prompt. [K]"""
-    a, b = pass_rate_beta(state)
-    bs = _batch_prompts(cfg, state)
-    return np.array([bs[i] * benefit_per_prompt(g, a, b) for i, g in enumerate(cfg.group_sizes)])
 
 
 def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
@@ -640,69 +358,6 @@ def normalize_state(cfg: SAGCConfig, restored: dict[str, Any]) -> State:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Stateful wrappers (the trainer's interface)
-# --------------------------------------------------------------------------------------------
-
-
-class SAGCPolicy:
-    """Adaptive group size. ``choose() -> g``; after the step, ``observe(obs) -> metrics``."""
-
-    def __init__(self, cfg: SAGCConfig):
-        self.cfg = cfg.validate()
-        self.state: State = init_state(cfg)
-        self.last_info: dict[str, Any] | None = None
-
-    def choose(self) -> int:
-        g, info = choose(self.cfg, self.state)
-        self.state = record_choice(self.state, info)
-        self.last_info = info
-        return g
-
-    def observe(self, obs: Observation) -> dict[str, Any]:
-        self.state = observe(self.cfg, self.state, obs)
-        risk = posterior_risk(self.cfg, self.state)
-        metrics: dict[str, Any] = {
-            "straggler_rate": float(self.state["last_rate"]),
-            "sagc_queue": float(self.state["queue"]),
-            "sagc_reason": REASONS[int(self.state["last_reason"])],
-        }
-        for g, r in zip(self.cfg.group_sizes, risk):
-            metrics[f"risk_g{g}"] = float(r)
-        return metrics
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.state = normalize_state(self.cfg, state)
-
-
-class StaticPolicy:
-    """Always ``initial_group_size``; same interface and straggler-rate metric as SAGCPolicy."""
-
-    def __init__(self, cfg: SAGCConfig):
-        self.cfg = cfg.validate()
-        self.state: State = init_state(cfg)
-        self.last_info: dict[str, Any] | None = None
-
-    def choose(self) -> int:
-        self.last_info = {"g": self.cfg.initial_group_size, "reason": "static"}
-        return self.cfg.initial_group_size
-
-    def observe(self, obs: Observation) -> dict[str, Any]:
-        rate = step_straggler_rate(self.cfg, obs)
-        self.state = dict(self.state)
-        self.state["step"] = np.array(int(self.state["step"]) + 1, np.int64)
-        self.state["last_rate"] = np.array(rate)
-        return {"straggler_rate": rate, "sagc_queue": 0.0, "sagc_reason": "static"}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.state = normalize_state(self.cfg, state)
-
-
-def make_policy(cfg: SAGCConfig) -> SAGCPolicy | StaticPolicy:
-    """SAGCPolicy when ``cfg.enabled`` else StaticPolicy."""
-    return SAGCPolicy(cfg) if cfg.enabled else StaticPolicy(cfg)
-
-
 def config_from_dict(d: dict[str, Any] | None, base: SAGCConfig | None = None) -> SAGCConfig:
     """Build + validate an SAGCConfig from a mapping; unknown keys raise ``sagc.<key>`` errors."""
     base = base or SAGCConfig()
@@ -714,3 +369,12 @@ def config_from_dict(d: dict[str, Any] | None, base: SAGCConfig | None = None) -
     if isinstance(d.get("group_sizes"), Sequence) and not isinstance(d["group_sizes"], str):
         d["group_sizes"] = tuple(d["group_sizes"])
     return dataclasses.replace(base, **d).validate()
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy re-export of the policy wrappers (policy.py imports this module)."""
+    if name in _POLICY_NAMES:
+        from sagc_jax.sagc import policy
+
+        return getattr(policy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

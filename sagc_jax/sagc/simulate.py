@@ -27,14 +27,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sagc_jax.sagc.controller import (
-    Observation,
-    SAGCConfig,
-    SAGCPolicy,
-    StaticPolicy,
-    config_from_dict,
-    prompts_for,
-)
+from sagc_jax.sagc.controller import SAGCConfig, config_from_dict
+from sagc_jax.sagc.estimators import prompts_for
+from sagc_jax.sagc.events import Observation
+from sagc_jax.sagc.policy import SAGCPolicy, StaticPolicy
 from sagc_jax.sagc.timing import TimeModel, time_model_from_dict
 from sagc_jax.sagc.workload import (
     StepDraw,

@@ -1,0 +1,172 @@
+"""SAGC estimators: what the controller's state predicts for every candidate g.
+
+Risk (Beta posteriors per rung), cost (seconds per step from per-shape timings and the
+"median x residual" length model), benefit (informative groups per step from a Beta model of
+pass rates), the batch policy, and the ring buffers they read. Pure functions of (config, state);
+the config is an ``SAGCConfig`` (typed loosely here to keep the import graph acyclic).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.sagc.betaq import beta_quantile
+
+State = dict[str, np.ndarray]
+
+
+def risk_level(risk: str) -> float | None:
+    """``"mean"`` -> None; ``"q90"`` -> 0.90. Raises ValueError otherwise."""
+    if risk == "mean":
+        return None
+    m = re.fullmatch(r"q(\d+(?:\.\d+)?)", str(risk))
+    if not m or not 50.0 < float(m.group(1)) < 100.0:
+        raise ValueError(f"bad risk {risk!r}")
+    return float(m.group(1)) / 100.0
+
+
+def prompts_for(cfg: Any, g: int, prompts_per_step: int) -> int:
+    """Prompts per step at group size ``g``: fixed B ("prompts") or rollouts_per_step // g."""
+    if cfg.batch_policy == "prompts":
+        return int(prompts_per_step)
+    n = cfg.rollouts_per_step
+    if n is None or n % g:
+        raise ValueError(f"sagc.rollouts_per_step: must be divisible by group size {g}, got {n!r}")
+    return n // g
+
+
+def ring_put(ring: np.ndarray, seen: int, values: np.ndarray) -> np.ndarray:
+    """Write ``values`` into a ring buffer after ``seen`` total writes (keeps the newest)."""
+    ring = ring.copy()
+    pos = (seen + np.arange(len(values))) % len(ring)
+    n = min(len(values), len(ring))
+    ring[pos[len(values) - n :]] = values[len(values) - n :]
+    return ring
+
+
+def ring_view(ring: np.ndarray, seen: int) -> np.ndarray:
+    """Valid entries of a ring buffer (order irrelevant: used for bootstrap draws)."""
+    return ring[: min(int(seen), len(ring))]
+
+
+def batch_prompts(cfg: Any, state: State) -> np.ndarray:
+    """Prompts per step B(g) for every candidate: int [K]."""
+    b = max(int(state["prompts"]), 1)
+    return np.array([prompts_for(cfg, g, b) for g in cfg.group_sizes], np.int64)
+
+
+def truncation_rate(state: State) -> float:
+    """Per-row truncation rate from discounted counts.
+
+    Prior: 0.1 pseudo-truncations in 1 pseudo-row. Truncations are rare (~1e-3/row), so a
+    Jeffreys 0.5 would bias the rate (and the cost of large g) upward by 0.5 / effective rows.
+    """
+    rows, trunc = state["trunc_s"]
+    return float((trunc + 0.1) / (rows + 1.0))
+
+
+def expected_decode_steps(
+    cfg: Any, state: State, rng: np.random.Generator, mc: int = 64
+) -> np.ndarray:
+    """E[decode steps] at each candidate g: float [K].
+
+    A batch at g has n = B(g)*g rows. E[steps] = P_tr(n) * cap + (1 - P_tr(n)) * E[max | none
+    truncated], with P_tr(n) = 1 - (1 - p_tr)^n analytic (rare loops dominate the tail; sampling
+    them would be noisy) and the untruncated max bootstrapped: B(g) medians drawn from recent
+    group medians, g residuals each from recent untruncated rows. Steps are rounded up to
+    decode_chunk; common random numbers across candidates keep their comparison low-noise.
+    """
+    eps = ring_view(state["eps_ring"], state["rows_seen"])
+    eps = eps if len(eps) else np.ones(1)
+    meds = ring_view(state["med_ring"], state["groups_seen"])
+    chunk = float(max(int(state["decode_chunk"]), 1))
+    cap = math.ceil(float(state["max_new_tokens"]) / chunk) * chunk
+    p_tr = truncation_rate(state)
+    bs = batch_prompts(cfg, state)
+    gmax, bmax = max(cfg.group_sizes), int(bs.max())
+    m = meds[rng.integers(0, len(meds), size=(mc, bmax, 1))]
+    lens = np.ceil(m * eps[rng.integers(0, len(eps), size=(mc, bmax, gmax))])
+    out = np.empty(len(cfg.group_sizes))
+    for i, (g, b) in enumerate(zip(cfg.group_sizes, bs)):
+        mx = lens[:, :b, :g].max(axis=(1, 2))
+        untr = np.minimum(np.ceil(mx / chunk) * chunk, cap).mean()
+        p_any = 1.0 - (1.0 - p_tr) ** (int(b) * g)
+        out[i] = p_any * cap + (1.0 - p_any) * untr
+    return out
+
+
+def posterior_risk(cfg: Any, state: State) -> np.ndarray:
+    """Risk per candidate: Beta posterior mean or upper quantile. float [K]."""
+    a = cfg.prior_a + state["risk_a"]
+    b = cfg.prior_b + state["risk_b"]
+    q = risk_level(cfg.risk)
+    if q is None:
+        return a / (a + b)
+    return beta_quantile(q, a, b)
+
+
+def _interp_rows(rows: np.ndarray, measured: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per-shape value: measured EMA where available, else a least-squares line in rows.
+
+    0 measured shapes -> NaN (caller substitutes); 1 -> flat (optimistic: the accelerator case;
+    a larger shape gets measured once tried); >=2 -> linear fit, floored at half the smallest
+    measured value so a noisy negative slope cannot make a shape look free.
+    """
+    out = np.full(len(rows), np.nan)
+    if not measured.any():
+        return out
+    xr, yr = rows[measured].astype(np.float64), values[measured]
+    if len(np.unique(xr)) >= 2:
+        slope, icpt = np.polyfit(xr, yr, 1)
+        fit = np.maximum(icpt + slope * rows, 0.5 * yr.min())
+    else:
+        fit = np.full(len(rows), yr.mean())
+    return np.where(measured, values, fit)
+
+
+def predicted_cost(cfg: Any, state: State) -> np.ndarray:
+    """Predicted rollout seconds per step at each g: prefill(rows_g) + E[steps_g] x t_dec(rows_g).
+
+    Without any timing yet, t_dec = 1 and prefill = 0 (cost in decode-step units).
+    """
+    rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
+    meas = state["measured"]
+    pre = np.nan_to_num(_interp_rows(rows, meas, state["prefill_s"]), nan=0.0)
+    dec = np.nan_to_num(_interp_rows(rows, meas, state["decode_step_s"]), nan=1.0)
+    steps = state["exp_steps"]
+    if not (steps > 0).all():
+        steps = np.full(len(rows), float(max(int(state["max_new_tokens"]), 1)))
+    return pre + steps * dec
+
+
+def pass_rate_beta(state: State) -> tuple[float, float]:
+    """Method-of-moments Beta(a, b) over per-prompt pass rates (prior: Beta(1,1) as 2 groups)."""
+    s0, s1, s2 = state["pass_s"] + np.array([2.0, 1.0, 2.0 / 3.0])
+    m = float(np.clip(s1 / s0, 1e-4, 1 - 1e-4))
+    var = float(np.clip(s2 / s0 - m * m, 1e-6, m * (1 - m) * (1 - 1e-3)))
+    nu = m * (1 - m) / var - 1.0
+    return m * nu, (1 - m) * nu
+
+
+def benefit_per_prompt(g: int, a: float, b: float) -> float:
+    """E_p[P(rewards not all equal | g)] x (1 - 1/g) with p ~ Beta(a, b).
+
+    E[p^g] = B(a+g, b)/B(a, b) (closed form via lgamma), likewise E[(1-p)^g].
+    """
+    lg = math.lgamma
+
+    def moment(x: float, y: float) -> float:
+        return math.exp(lg(x + g) + lg(x + y) - lg(x) - lg(x + y + g))
+
+    return max(0.0, 1.0 - moment(a, b) - moment(b, a)) * (1.0 - 1.0 / g)
+
+
+def predicted_benefit(cfg: Any, state: State) -> np.ndarray:
+    """Expected informative-group benefit per step at each g: B(g) x benefit_per_prompt. [K]"""
+    a, b = pass_rate_beta(state)
+    bs = batch_prompts(cfg, state)
+    return np.array([bs[i] * benefit_per_prompt(g, a, b) for i, g in enumerate(cfg.group_sizes)])

@@ -1,0 +1,130 @@
+"""The straggler event and its counterfactual: what one step's groups say about every g.
+
+Pure numpy, no controller state. ``Observation`` is what the trainer hands the controller after
+each step; ``straggler_events`` is the constrained event (DESIGN.md §5); ``counterfactual_risk``
+turns each observed group into P(event) for a group of any candidate size (docs/sagc.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Observation:
+    """One step's rollouts. Rows are prompt-major: row r belongs to group r // group_size.
+
+    lengths: int [rows], generated tokens incl. EOS; truncated: bool [rows] (hit max_new_tokens);
+    rewards: float [rows]; prefill_s / decode_s: seconds; decode_steps: decode steps run
+    (a multiple of decode_chunk). Timings <= 0 mean "not measured" (e.g. a compile step).
+    """
+
+    group_size: int
+    lengths: np.ndarray
+    truncated: np.ndarray
+    rewards: np.ndarray
+    max_new_tokens: int
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0
+    rows: int = 0  # 0 = len(lengths)
+    prompts: int = 0  # 0 = rows // group_size
+    decode_chunk: int = 1
+
+
+def straggler_events(
+    lengths: np.ndarray, truncated: np.ndarray, tau: float, count_truncated: bool
+) -> np.ndarray:
+    """Straggler event per group. lengths/truncated: [..., g] -> bool [...].
+
+    Event: ``max L > tau * median L`` (numpy median: mean of the two middle values for even g),
+    or, when ``count_truncated``, any member truncated.
+    """
+    lengths = np.asarray(lengths, dtype=np.float64)
+    ev = lengths.max(-1) > tau * np.median(lengths, axis=-1)
+    if count_truncated:
+        ev = ev | np.asarray(truncated, dtype=bool).any(-1)
+    return ev
+
+
+def step_straggler_rate(cfg: Any, obs: Observation) -> float:
+    """Fraction of the step's groups with a straggler event (the constrained quantity s_t).
+
+    ``cfg`` needs ``tau`` and ``count_truncated`` (an SAGCConfig)."""
+    g = int(obs.group_size)
+    lengths = np.asarray(obs.lengths).reshape(-1, g)
+    truncated = np.asarray(obs.truncated, dtype=bool).reshape(-1, g)
+    return float(straggler_events(lengths, truncated, cfg.tau, cfg.count_truncated).mean())
+
+
+def hypergeom_none(n: int, k: np.ndarray, g: int) -> np.ndarray:
+    """P(a uniform random g-subset of n items, k of them marked, contains no marked item).
+
+    = C(n-k, g) / C(n, g) = prod_{i<g} (n-k-i)/(n-i); k: int [...] -> float [...]. Requires g<=n.
+    """
+    k = np.asarray(k, dtype=np.float64)
+    p = np.ones_like(k)
+    for i in range(g):
+        p = p * np.clip((n - k - i) / (n - i), 0.0, None)
+    return p
+
+
+def counterfactual_risk(
+    lengths: np.ndarray,
+    truncated: np.ndarray,
+    g: int,
+    *,
+    tau: float,
+    count_truncated: bool,
+    rng: np.random.Generator,
+    mc: int,
+    pool_eps: np.ndarray,
+    trunc_rate: float,
+    max_new_tokens: int,
+) -> np.ndarray:
+    """P(straggler event) for a group of size g, estimated from each observed group.
+
+    lengths, truncated: [P, G] observed groups. Returns float [P].
+
+    g <= G: the truncation part is exact (hypergeometric); the tau-ratio part, conditioned on the
+    subset holding no truncated row, is a Monte-Carlo average over ``mc`` uniform g-subsets of the
+    untruncated rows (exact when g == G). g > G: each group is extended by g - G rows of the
+    "median x residual" model: residuals ``pool_eps`` [N] of recent untruncated rows (length /
+    group median) times this group's median, and a per-row truncation rate ``trunc_rate``
+    (applied analytically when count_truncated, i.e. Rao-Blackwellised; sampled otherwise).
+    """
+    lengths = np.asarray(lengths, dtype=np.float64)
+    truncated = np.asarray(truncated, dtype=bool)
+    p_groups, big_g = lengths.shape
+    if g == big_g:
+        return straggler_events(lengths, truncated, tau, count_truncated).astype(np.float64)
+    if g < big_g:
+        keys = rng.random((mc, p_groups, big_g))
+        if count_truncated:
+            keys = keys + 2.0 * truncated[None]  # untruncated rows sort first
+        idx = np.argsort(keys, axis=-1)[..., :g]
+        sub = np.take_along_axis(np.broadcast_to(lengths, keys.shape), idx, axis=-1)
+        ratio = (sub.max(-1) > tau * np.median(sub, axis=-1)).mean(0)
+        if not count_truncated:
+            return ratio
+        p_none = hypergeom_none(big_g, truncated.sum(-1), g)
+        return (1.0 - p_none) + p_none * ratio
+    # g > G: extend every group with g - G model rows.
+    extra = g - big_g
+    cap = float(max_new_tokens)
+    med = np.maximum(np.median(lengths, axis=-1), 1.0)  # [P]
+    new_len = med[None, :, None] * pool_eps[rng.integers(0, len(pool_eps), (mc, p_groups, extra))]
+    new_tr = new_len >= cap  # a long residual on a long prompt can itself hit the cap
+    if not count_truncated:
+        new_tr = new_tr | (rng.random(new_len.shape) < trunc_rate)
+    new_len = np.where(new_tr, cap, np.maximum(np.ceil(new_len), 1.0))
+    full_len = np.concatenate([np.broadcast_to(lengths, (mc, p_groups, big_g)), new_len], -1)
+    full_tr = np.concatenate([np.broadcast_to(truncated, (mc, p_groups, big_g)), new_tr], -1)
+    ev = straggler_events(full_len, full_tr, tau, count_truncated).mean(0)
+    if not count_truncated:
+        return ev
+    # P(event) = 1 - P(no truncation among the extra rows) * P(no other event).
+    return 1.0 - (1.0 - trunc_rate) ** extra * (1.0 - ev)

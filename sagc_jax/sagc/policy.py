@@ -1,0 +1,84 @@
+"""Trainer-facing SAGC wrappers: ``SAGCPolicy`` (adaptive), ``StaticPolicy`` (fixed g),
+``make_policy`` and the batch policy ``prompts_for``. They hold the pure controller state
+(``controller.py``) and expose ``choose() -> g`` / ``observe(obs) -> metrics`` /
+``load_state(restored)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.sagc.controller import (
+    REASONS,
+    SAGCConfig,
+    State,
+    choose,
+    init_state,
+    normalize_state,
+    observe,
+    record_choice,
+)
+from sagc_jax.sagc.estimators import posterior_risk, prompts_for
+from sagc_jax.sagc.events import Observation, step_straggler_rate
+
+__all__ = ["SAGCPolicy", "StaticPolicy", "make_policy", "prompts_for"]
+
+
+class SAGCPolicy:
+    """Adaptive group size. ``choose() -> g``; after the step, ``observe(obs) -> metrics``."""
+
+    def __init__(self, cfg: SAGCConfig):
+        self.cfg = cfg.validate()
+        self.state: State = init_state(cfg)
+        self.last_info: dict[str, Any] | None = None
+
+    def choose(self) -> int:
+        g, info = choose(self.cfg, self.state)
+        self.state = record_choice(self.state, info)
+        self.last_info = info
+        return g
+
+    def observe(self, obs: Observation) -> dict[str, Any]:
+        self.state = observe(self.cfg, self.state, obs)
+        risk = posterior_risk(self.cfg, self.state)
+        metrics: dict[str, Any] = {
+            "straggler_rate": float(self.state["last_rate"]),
+            "sagc_queue": float(self.state["queue"]),
+            "sagc_reason": REASONS[int(self.state["last_reason"])],
+        }
+        for g, r in zip(self.cfg.group_sizes, risk):
+            metrics[f"risk_g{g}"] = float(r)
+        return metrics
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.state = normalize_state(self.cfg, state)
+
+
+class StaticPolicy:
+    """Always ``initial_group_size``; same interface and straggler-rate metric as SAGCPolicy."""
+
+    def __init__(self, cfg: SAGCConfig):
+        self.cfg = cfg.validate()
+        self.state: State = init_state(cfg)
+        self.last_info: dict[str, Any] | None = None
+
+    def choose(self) -> int:
+        self.last_info = {"g": self.cfg.initial_group_size, "reason": "static"}
+        return self.cfg.initial_group_size
+
+    def observe(self, obs: Observation) -> dict[str, Any]:
+        rate = step_straggler_rate(self.cfg, obs)
+        self.state = dict(self.state)
+        self.state["step"] = np.array(int(self.state["step"]) + 1, np.int64)
+        self.state["last_rate"] = np.array(rate)
+        return {"straggler_rate": rate, "sagc_queue": 0.0, "sagc_reason": "static"}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.state = normalize_state(self.cfg, state)
+
+
+def make_policy(cfg: SAGCConfig) -> SAGCPolicy | StaticPolicy:
+    """SAGCPolicy when ``cfg.enabled`` else StaticPolicy."""
+    return SAGCPolicy(cfg) if cfg.enabled else StaticPolicy(cfg)
