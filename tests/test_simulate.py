@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from sagc_jax.sagc.oracle import phase_bounds, solve_oracle
 from sagc_jax.sagc.simulate import (
     apply_overrides,
     load_sim_config,
@@ -34,17 +35,28 @@ def _write(tmp_path, cfg, name="sim.yaml"):
 def test_simulate_main_writes_json_png_and_table(tmp_path, capsys):
     cfg = _write(tmp_path, SMALL)
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    rc = simulate_main(["--config", str(cfg), "steps=30", "--out", str(out), "--plot", str(png)])
+    args = ["--config", str(cfg), "steps=30", "sagc.delta=0.45", "--out", str(out)]
+    rc = simulate_main([*args, "--plot", str(png)])
     assert rc == 0
     res = json.loads(out.read_text())
-    assert set(res["policies"]) == {"static-4", "static-8", "sagc"}
+    assert set(res["policies"]) == {"static-4", "static-8", "sagc", "oracle"}
     for v in res["policies"].values():
         for key in ("straggler_rate", "step_s", "benefit_per_s", "mean_group_size", "meets_delta"):
             assert key in v
     assert len(res["policies"]["sagc"]["group_size_trajectory"]) == 30
     assert res["policies"]["static-8"]["mean_group_size"] == 8.0
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
-    assert "| sagc |" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "| sagc |" in table and "| oracle |" in table and "vs oracle" in table
+    # A static rung is one feasible schedule, so the oracle is at least the best in-budget one.
+    pols = res["policies"]
+    best = max(
+        v["benefit_per_s"]
+        for k, v in pols.items()
+        if k.startswith("static-") and v["straggler_rate"] <= res["delta"]
+    )
+    assert pols["oracle"]["benefit_per_s"] >= best - 1e-9
+    assert pols["oracle"]["straggler_rate"] <= res["delta"] + 1e-9
 
 
 @pytest.mark.parametrize(
@@ -148,3 +160,59 @@ def test_shipped_configs_parse():
     for name in ("heavy_tail", "drift"):
         sim = load_sim_config(f"configs/sim/{name}.yaml")
         assert sim.steps == 1500 and sim.sagc.group_sizes == (4, 8, 12, 16)
+
+
+def test_oracle_matches_grid_search_and_uses_budget_credit():
+    # Phase 0 is light (both rungs nearly safe), phase 1 heavy (rung 1 over budget). The oracle
+    # may run rung 1 in the heavy phase only by banking budget in the light one.
+    steps = np.array([300.0, 100.0])
+    b = np.array([[1.0, 2.2], [1.0, 1.6]])
+    c = np.array([[1.0, 1.5], [2.0, 2.5]])
+    r = np.array([[0.02, 0.06], [0.09, 0.30]])
+    sol = solve_oracle(steps, b, c, r, 0.1, (4, 8))
+    best = -1.0
+    grid = np.linspace(0, 1, 201)
+    for x0 in grid:  # fraction of rung 1 in each phase, brute force on a grid
+        for x1 in grid:
+            w = steps[:, None] * np.array([[1 - x0, x0], [1 - x1, x1]])
+            if (w * r).sum() <= 0.1 * steps.sum() + 1e-12:
+                best = max(best, (w * b).sum() / (w * c).sum())
+    assert sol.feasible and sol.benefit_per_s == pytest.approx(best, rel=2e-3)
+    assert sol.benefit_per_s >= best - 1e-9
+    assert sol.straggler_rate <= 0.1 + 1e-9
+    np.testing.assert_allclose(sol.fractions.sum(1), 1.0)
+    assert sol.fractions[1, 1] > 0  # spends light-phase credit in the heavy phase
+    infeasible = solve_oracle(steps, b, c, r + 0.5, 0.1, (4, 8))
+    assert not infeasible.feasible and (infeasible.fractions[:, 0] == 1).all()
+
+
+def test_phase_bounds_cut_ramps_into_windows():
+    assert phase_bounds(1000, [300], [], 100) == [0, 300, 1000]
+    assert phase_bounds(1000, [], [(0, 1000)], 250) == [0, 250, 500, 750, 1000]
+    assert phase_bounds(500, [400], [(100, 300)], 150) == [0, 100, 200, 300, 400, 500]
+
+
+def test_ramp_and_bimodal_workloads():
+    raw = {
+        **SMALL,
+        "workload": {
+            **SMALL["workload"],
+            "hard_frac": 0.5,
+            "hard_median_length": 200,
+            "drift": [{"at_step": 100, "ramp": True, "median_length": 20, "hard_frac": 0.0}],
+        },
+    }
+    sim = parse_sim_config(raw)
+    assert sim.ramps == ((0, 100),) and sim.drift_steps == ()
+    assert sim.workload.params_at(50).median_length == pytest.approx(70.0)
+    assert sim.workload.params_at(50).hard_frac == pytest.approx(0.25)
+    assert sim.workload.params_at(150).median_length == 20
+    # Hard prompts are long: at step 0 the per-prompt medians are bimodal.
+    wl = {**SMALL["workload"], "median_length": 30, "hard_frac": 0.5, "hard_median_length": 200}
+    bimodal = parse_sim_config({**SMALL, "workload": wl}).workload
+    meds = np.concatenate([np.median(bimodal.draw(t).lengths, 1) for t in range(20)])
+    assert (meds > 100).mean() > 0.25 and (meds < 60).mean() > 0.25
+    # A unimodal workload's draws do not depend on the hard-mode keys.
+    plain = parse_sim_config(SMALL).workload.draw(3).lengths
+    other = {**SMALL, "workload": {**SMALL["workload"], "hard_median_length": 999}}
+    np.testing.assert_array_equal(parse_sim_config(other).workload.draw(3).lengths, plain)

@@ -30,6 +30,7 @@ import yaml
 from sagc_jax.sagc.controller import SAGCConfig, config_from_dict
 from sagc_jax.sagc.estimators import prompts_for
 from sagc_jax.sagc.events import Observation
+from sagc_jax.sagc.oracle import oracle_from_trajectories, phase_bounds
 from sagc_jax.sagc.policy import SAGCPolicy, StaticPolicy
 from sagc_jax.sagc.timing import TimeModel, time_model_from_dict
 from sagc_jax.sagc.workload import (
@@ -43,8 +44,9 @@ from sagc_jax.sagc.workload import (
 DEFAULT_SIM: dict[str, Any] = {
     "steps": 1500,
     "seed": 0,
-    "tolerance": 0.02,  # meets_delta: straggler_rate <= sagc.delta + tolerance
+    "tolerance": 0.01,  # meets_delta: straggler_rate <= sagc.delta + tolerance
     "plot_window": 50,  # rolling window (steps) of the straggler-rate plot
+    "oracle_window": 100,  # steps per oracle phase inside a ramp (piecewise phases are whole)
     "workload": {
         "prompts_per_step": 16,
         "max_new_tokens": 512,
@@ -53,6 +55,10 @@ DEFAULT_SIM: dict[str, Any] = {
         "group_spread": 0.4,
         "loop_prob": 0.02,
         "pass_rate": {"a": 1.0, "b": 1.0},
+        "hard_frac": 0.0,
+        "hard_median_length": 480,
+        "hard_loop_prob": 0.01,
+        "hard_pass_rate": {"a": 0.3, "b": 3.0},
         "drift": [],
     },
     "timing": {},
@@ -73,6 +79,8 @@ class SimConfig:
     timing: TimeModel
     sagc: SAGCConfig
     drift_steps: tuple[int, ...]
+    ramps: tuple[tuple[int, int], ...] = ()  # [start, end) of linear drift ramps
+    oracle_window: int = 100
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,6 +127,7 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
     if not isinstance(tol, int | float) or isinstance(tol, bool) or not 0 <= tol < 1:
         raise ValueError(f"tolerance: a number in [0, 1), got {tol!r}")
     window = _int(raw.get("plot_window", DEFAULT_SIM["plot_window"]), "plot_window", 1)
+    owin = _int(raw.get("oracle_window", DEFAULT_SIM["oracle_window"]), "oracle_window", 1)
     sagc_raw = raw.get("sagc") or {}
     if not isinstance(sagc_raw, dict):
         raise ValueError(f"sagc: a mapping, got {sagc_raw!r}")
@@ -139,6 +148,7 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
     gmax = max(sagc.group_sizes)
     pmax = max(prompts_for(sagc, g, pps) for g in sagc.group_sizes)
     drift_steps: list[int] = []
+    ramps: list[tuple[int, int]] = []
     if wl.get("trace") is not None:
         path = Path(str(wl["trace"]))
         if not path.is_absolute() and base_dir is not None and not path.exists():
@@ -155,7 +165,7 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
                 f"workload.drift: a list of {{at_step: int, <key>: value}}, got {drift_raw!r}"
             )
         drift: list[tuple[int, WorkloadParams]] = []
-        cur = base
+        cur, prev_at = base, 0
         for i, d in enumerate(
             sorted(drift_raw, key=lambda d: d.get("at_step", 0) if isinstance(d, dict) else 0)
         ):
@@ -163,13 +173,32 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
             if not isinstance(d, dict) or "at_step" not in d:
                 raise ValueError(f"{where}: a mapping with at_step, got {d!r}")
             at = _int(d["at_step"], f"{where}.at_step", 0)
-            cur = params_from_dict({k: v for k, v in d.items() if k != "at_step"}, cur, where)
+            ramp = d.get("ramp", False)
+            if not isinstance(ramp, bool):
+                raise ValueError(f"{where}.ramp: true or false, got {ramp!r}")
+            keys = {k: v for k, v in d.items() if k not in ("at_step", "ramp")}
+            cur = params_from_dict(keys, cur, where)
             drift.append((at, cur))
-            drift_steps.append(at)
-        workload = SyntheticWorkload(base, drift, pmax, gmax, seed)
+            if ramp:
+                ramps.append((prev_at, at))
+            else:
+                drift_steps.append(at)
+            prev_at = at
+        ramp_ends = frozenset(b for _, b in ramps)
+        workload = SyntheticWorkload(base, drift, pmax, gmax, seed, ramp_ends)
     timing = time_model_from_dict(raw.get("timing"), base_dir)
     return SimConfig(
-        steps, seed, float(tol), window, pps, workload, timing, sagc, tuple(drift_steps)
+        steps,
+        seed,
+        float(tol),
+        window,
+        pps,
+        workload,
+        timing,
+        sagc,
+        tuple(drift_steps),
+        tuple(ramps),
+        owin,
     )
 
 
@@ -260,7 +289,7 @@ def run_policies(
 def summarize(sim: SimConfig, traj: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
     """Per-policy metrics (the JSON written by ``--out``)."""
     delta = sim.sagc.delta
-    bounds = [0, *[s for s in sim.drift_steps if 0 < s < sim.steps], sim.steps]
+    bounds = oracle_phases(sim)
     out: dict[str, Any] = {}
     for name, tr in traj.items():
         rate = float(tr["straggler_rate"].mean())
@@ -292,11 +321,36 @@ def summarize(sim: SimConfig, traj: dict[str, dict[str, np.ndarray]]) -> dict[st
     return out
 
 
+def oracle_phases(sim: SimConfig) -> list[int]:
+    """Phase boundaries: drift change points, ramps cut into ``oracle_window``-step windows."""
+    return phase_bounds(sim.steps, list(sim.drift_steps), list(sim.ramps), sim.oracle_window)
+
+
+def oracle_summary(sim: SimConfig, traj: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
+    """The hindsight oracle (oracle.py) over the static-g trajectories, as a policy entry."""
+    sched, phases = oracle_from_trajectories(
+        traj, sim.sagc.group_sizes, oracle_phases(sim), sim.sagc.delta
+    )
+    res: dict[str, Any] = {
+        "straggler_rate": sched.straggler_rate,
+        "step_s": sched.step_s,
+        "benefit_per_s": sched.benefit_per_s,
+        "benefit_per_step": sched.benefit_per_step,
+        "mean_group_size": sched.mean_group_size,
+        "meets_delta": bool(sched.straggler_rate <= sim.sagc.delta + sim.tolerance),
+        "feasible": sched.feasible,
+    }
+    res["phases"] = phases
+    return res
+
+
 def simulate(sim: SimConfig) -> dict[str, Any]:
-    """Run all static policies and SAGC; returns {"policies": ..., "config": ...}."""
+    """Run all static policies and SAGC, then the oracle; returns {"policies": ..., ...}."""
     traj = run_policies(sim, make_policies(sim.sagc))
+    policies = summarize(sim, traj)
+    policies["oracle"] = oracle_summary(sim, traj)
     return {
-        "policies": summarize(sim, traj),
+        "policies": policies,
         "delta": sim.sagc.delta,
         "tolerance": sim.tolerance,
         "steps": sim.steps,
@@ -311,23 +365,34 @@ def simulate(sim: SimConfig) -> dict[str, Any]:
 def format_table(result: dict[str, Any]) -> str:
     """Markdown table of the headline metrics."""
     pols = result["policies"]
-    best_static = max(
-        (v["benefit_per_s"] for k, v in pols.items() if k != "sagc" and v["meets_delta"]),
-        default=float("nan"),
-    )
+    best_static = best_static_in_budget(result)
+    oracle = pols.get("oracle", {}).get("benefit_per_s", float("nan"))
     lines = [
         "| policy | straggler_rate | meets_delta | step_s | benefit_per_s | vs best static in "
-        "budget | mean_g |",
-        "|---|---|---|---|---|---|---|",
+        "budget | vs oracle | mean_g |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, v in pols.items():
         rel = v["benefit_per_s"] / best_static if math.isfinite(best_static) else float("nan")
+        rel_o = v["benefit_per_s"] / oracle if oracle > 0 else float("nan")
         lines.append(
             f"| {name} | {v['straggler_rate']:.3f} | {'yes' if v['meets_delta'] else 'no'} | "
-            f"{v['step_s']:.2f} | {v['benefit_per_s']:.3f} | {rel:.2f}x | "
+            f"{v['step_s']:.2f} | {v['benefit_per_s']:.3f} | {rel:.2f}x | {rel_o:.2f}x | "
             f"{v['mean_group_size']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def best_static_in_budget(result: dict[str, Any]) -> float:
+    """Highest benefit_per_s among static policies that meet delta (NaN if none does)."""
+    return max(
+        (
+            v["benefit_per_s"]
+            for k, v in result["policies"].items()
+            if k.startswith("static-") and v["meets_delta"]
+        ),
+        default=float("nan"),
+    )
 
 
 def plot(result: dict[str, Any], sim: SimConfig, path: str | Path) -> None:

@@ -11,6 +11,10 @@ Synthetic model (per step, per prompt j, per row i):
   with prob loop_prob the row loops: L_ji = max_new_tokens (truncated)
   L_ji >= max_new_tokens  -> truncated, L_ji = max_new_tokens
   p_j ~ Beta(pass_rate.a, pass_rate.b);  reward_ji ~ Bernoulli(p_j), 0 if truncated.
+Bimodal difficulty (``hard_frac`` > 0): each prompt is "hard" with probability hard_frac; a hard
+prompt uses hard_median_length, hard_loop_prob and p_j ~ Beta(hard_pass_rate) instead.
+Drift: piecewise-constant entries, or ``ramp: true`` entries whose numeric fields move linearly
+from the previous entry's values (at its at_step) to their own (at theirs).
 
 Trace model: bootstrap over groups recorded in a run's ``trace.jsonl``; see ``TraceWorkload``.
 """
@@ -50,6 +54,14 @@ class WorkloadParams:
     pass_a: float = 1.0
     pass_b: float = 1.0
     max_new_tokens: int = 512
+    hard_frac: float = 0.0  # fraction of prompts from the "hard" mode (bimodal difficulty)
+    hard_median_length: float = 480.0
+    hard_loop_prob: float = 0.01
+    hard_pass_a: float = 0.3
+    hard_pass_b: float = 3.0
+
+
+_RAMPED = ("median_length", "prompt_spread", "group_spread", "loop_prob", "hard_frac")
 
 
 class SyntheticWorkload:
@@ -62,17 +74,26 @@ class SyntheticWorkload:
         prompts_max: int,
         group_max: int,
         seed: int,
+        ramps: frozenset[int] = frozenset(),
     ):
         self.base = params
         self.drift = sorted(drift, key=lambda d: d[0])
+        self.ramps = ramps  # at_step of drift entries reached by a linear ramp
         self.prompts_max, self.group_max, self.seed = prompts_max, group_max, seed
 
     def params_at(self, step: int) -> WorkloadParams:
-        """Parameters in force at ``step`` (last drift entry with at_step <= step)."""
-        p = self.base
+        """Parameters in force at ``step``: the last drift entry with at_step <= step, or, inside
+        a ramp, the previous entry's values moved linearly toward the ramp entry's."""
+        p, prev_at = self.base, 0
         for at, q in self.drift:
             if step >= at:
-                p = q
+                p, prev_at = q, at
+            elif at in self.ramps:
+                f = (step - prev_at) / max(at - prev_at, 1)
+                upd = {k: (1 - f) * getattr(p, k) + f * getattr(q, k) for k in _RAMPED}
+                return dataclasses.replace(p, **upd)
+            else:
+                break
         return p
 
     def draw(self, step: int) -> StepDraw:
@@ -86,8 +107,15 @@ class SyntheticWorkload:
         pass_p = rng.beta(p.pass_a, p.pass_b, size=(self.prompts_max, 1))
         u_rew = rng.random(shape)
         med = p.median_length * np.exp(p.prompt_spread * z_prompt)
+        loop = np.full((self.prompts_max, 1), p.loop_prob)
+        if p.hard_frac > 0:  # drawn after the rest: a unimodal workload's draws are unchanged
+            hard = rng.random((self.prompts_max, 1)) < p.hard_frac
+            hard_p = rng.beta(p.hard_pass_a, p.hard_pass_b, size=(self.prompts_max, 1))
+            med = np.where(hard, med * (p.hard_median_length / p.median_length), med)
+            loop = np.where(hard, p.hard_loop_prob, loop)
+            pass_p = np.where(hard, hard_p, pass_p)
         lengths = np.maximum(np.ceil(med * np.exp(p.group_spread * z_row)), 1.0)
-        truncated = (u_loop < p.loop_prob) | (lengths >= p.max_new_tokens)
+        truncated = (u_loop < loop) | (lengths >= p.max_new_tokens)
         lengths = np.where(truncated, p.max_new_tokens, lengths).astype(np.int64)
         rewards = ((u_rew < pass_p) & ~truncated).astype(np.float64)
         return StepDraw(lengths, truncated, rewards, int(p.max_new_tokens))
@@ -178,12 +206,20 @@ def params_from_dict(d: dict[str, Any], base: WorkloadParams, where: str) -> Wor
             for ab in ("a", "b"):
                 if ab in val:
                     upd[f"pass_{ab}"] = _num(val[ab], f"{name}.{ab}", lo=0.0, lo_open=True)
-        elif key in ("median_length", "max_new_tokens"):
+        elif key == "hard_pass_rate":
+            if not isinstance(val, dict) or set(val) - {"a", "b"}:
+                raise ValueError(f"{name}: a mapping {{a: >0, b: >0}}, got {val!r}")
+            for ab in ("a", "b"):
+                if ab in val:
+                    upd[f"hard_pass_{ab}"] = _num(val[ab], f"{name}.{ab}", lo=0.0, lo_open=True)
+        elif key in ("median_length", "max_new_tokens", "hard_median_length"):
             upd[key] = _num(val, name, lo=1.0)
         elif key in ("prompt_spread", "group_spread"):
             upd[key] = _num(val, name, lo=0.0)
-        elif key == "loop_prob":
+        elif key in ("loop_prob", "hard_loop_prob"):
             upd[key] = _num(val, name, lo=0.0, hi=1.0)
+        elif key == "hard_frac":
+            upd[key] = _num(val, name, lo=0.0, hi=1.0 + 1e-12)
         else:
             raise ValueError(f"{name}: unknown key")
     if "max_new_tokens" in upd:
