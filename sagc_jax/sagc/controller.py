@@ -21,10 +21,13 @@ import numpy as np
 
 from sagc_jax.sagc.estimators import (
     State,
+    benefit_rate,
+    binom_llr,
     expected_decode_steps,
     posterior_risk,
     predicted_benefit,
     predicted_cost,
+    realised_benefit,
     ring_put,
     ring_view,
     risk_level,
@@ -78,6 +81,14 @@ class SAGCConfig:
     model_decode_b: float = 2.5e-5  # s per row per decode step
     model_prefill_a: float = 0.05  # s per prefill call
     model_prefill_b: float = 2.0e-4  # s per prefill row
+    # --- issue #13 redesign (docs/sagc.md, "What changed in the redesign") ---
+    # "rate": u(g) = (benefit(g) - λ·cost(g)) / max benefit, λ the realised long-run benefit per
+    # second (the Dinkelbach form of benefit/s as a ratio of sums); "ratio": the old per-step
+    # J(g) = (benefit/cost) / max (benefit/cost).
+    objective: str = "rate"
+    rate_half_life: float = 500.0  # steps; memory of λ (long: the objective is run-long)
+    fast_half_life: float = 6.0  # steps; the fast statistics the change detector compares
+    change_threshold: float = 15.0  # LLR (~chi-square 1) that declares a change; 0 = off
 
     def __post_init__(self) -> None:
         # YAML gives lists; keep the dataclass hashable and comparisons exact.
@@ -114,8 +125,13 @@ class SAGCConfig:
             bad("V", ">= 0")
         if not (isinstance(self.half_life, int | float) and self.half_life > 0):
             bad("half_life", "> 0 (steps)")
-        if not (isinstance(self.length_half_life, int | float) and self.length_half_life > 0):
-            bad("length_half_life", "> 0 (steps)")
+        for f in ("length_half_life", "rate_half_life", "fast_half_life"):
+            if not (isinstance(getattr(self, f), int | float) and getattr(self, f) > 0):
+                bad(f, "> 0 (steps)")
+        if self.objective not in ("rate", "ratio"):
+            bad("objective", "one of 'rate', 'ratio'")
+        if not (isinstance(self.change_threshold, int | float) and self.change_threshold >= 0):
+            bad("change_threshold", ">= 0 (0 = off)")
         try:
             risk_level(self.risk)
         except ValueError:
@@ -185,6 +201,12 @@ def init_state(cfg: SAGCConfig) -> State:
         "last_reason": np.array(0, np.int64),  # index into REASONS
         "last_choice": np.array(-1, np.int64),
         "last_score": np.zeros(k, f64),
+        "risk_fa": np.zeros(k, f64),  # fast (fast_half_life) event pseudo-counts
+        "risk_fb": np.zeros(k, f64),
+        "trunc_f": np.zeros(2, f64),  # fast sums: rows, truncated rows
+        "rate_s": np.zeros(2, f64),  # discounted realised benefit, seconds (λ)
+        "changes": np.array(0, np.int64),  # change points detected so far
+        "last_llr": np.array(0.0, f64),  # largest change statistic of the last step
     }
 
 
@@ -227,7 +249,10 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
         new["eps_ring"] = ring_put(state["eps_ring"], seen, eps)
         new["rows_seen"] = np.array(seen + len(eps), np.int64)
     lam_len = 0.5 ** (1.0 / cfg.length_half_life)
-    new["trunc_s"] = lam_len * state["trunc_s"] + np.array([rows, truncated.sum()], np.float64)
+    lam_f = 0.5 ** (1.0 / cfg.fast_half_life)
+    tr_step = np.array([rows, truncated.sum()], np.float64)
+    new["trunc_s"] = lam_len * state["trunc_s"] + tr_step
+    new["trunc_f"] = lam_f * state["trunc_f"] + tr_step
     gseen = int(state["groups_seen"])
     new["med_ring"] = ring_put(state["med_ring"], gseen, med)
     new["groups_seen"] = np.array(gseen + p_groups, np.int64)
@@ -254,16 +279,23 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
         w = min(1.0, g / gc)
         new["risk_a"][i] = lam * state["risk_a"][i] + w * r.sum()
         new["risk_b"][i] = lam * state["risk_b"][i] + w * (1.0 - r).sum()
+        new["risk_fa"][i] = lam_f * state["risk_fa"][i] + w * r.sum()
+        new["risk_fb"][i] = lam_f * state["risk_fb"][i] + w * (1.0 - r).sum()
         new["risk_last"][i] = r.mean()
+    i_g = sizes.index(g)
+    _detect_change(cfg, state, new, i_g, p_groups, tr_step)
 
     # 4) pass-rate moments: unbiased per-group estimates of E[p] and E[p^2] (any G >= 2).
     k = (rewards > cfg.pass_threshold).sum(-1).astype(np.float64)
     s = np.array([p_groups, (k / g).sum(), (k * (k - 1) / (g * (g - 1))).sum()])
     new["pass_s"] = lam * state["pass_s"] + s
 
-    # 5) per-shape timing EMAs (only when the step was timed).
-    i_g = sizes.index(g)
+    # 5) per-shape timing EMAs and λ's sums (only when the step was timed).
     if obs.decode_steps > 0 and obs.decode_s > 0:
+        lam_r = 0.5 ** (1.0 / cfg.rate_half_life)
+        sec = float(obs.decode_s) + max(float(obs.prefill_s), 0.0)
+        ben = realised_benefit(rewards, cfg.pass_threshold)
+        new["rate_s"] = lam_r * state["rate_s"] + np.array([ben, sec])
         per_step = float(obs.decode_s) / int(obs.decode_steps)
         pre = max(float(obs.prefill_s), 0.0)
         a = cfg.cost_ema if state["measured"][i_g] else 1.0
@@ -281,6 +313,40 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     return new
 
 
+def _detect_change(
+    cfg: SAGCConfig, old: State, new: State, i_g: int, p_groups: int, tr_step: np.ndarray
+) -> None:
+    """Change detection (in place on ``new``): compare this step alone and the fast window with
+    the long-memory estimates of the previous state, for the per-row truncation rate and for the
+    risk of every rung <= the observed G (those come from exact subsets, not extrapolation). On
+    a change (LLR > change_threshold), the long-memory statistics restart from the fast ones, so
+    the controller follows a new regime within a few steps yet averages long within one.
+    """
+    if cfg.change_threshold <= 0 or int(old["step"]) < cfg.warmup_steps:
+        new["last_llr"] = np.array(0.0)
+        return
+    prior = cfg.prior_a + cfg.prior_b
+    m_old = (cfg.prior_a + old["risk_a"]) / (prior + old["risk_a"] + old["risk_b"])
+    idx = slice(0, i_g + 1)
+    # The step's own events: risk_fa grew by the step's evidence minus the decay of the old.
+    lam_f = 0.5 ** (1.0 / cfg.fast_half_life)
+    step_a = new["risk_fa"] - lam_f * old["risk_fa"]
+    step_n = step_a + new["risk_fb"] - lam_f * old["risk_fb"]
+    p_old = truncation_rate(old)
+    stats = [
+        binom_llr(new["risk_fa"], new["risk_fa"] + new["risk_fb"], m_old)[idx].max(),
+        binom_llr(step_a, step_n, m_old)[idx].max(),
+        float(binom_llr(new["trunc_f"][1], new["trunc_f"][0], p_old)),
+        float(binom_llr(tr_step[1], tr_step[0], p_old)),
+    ]
+    llr = float(max(stats))
+    new["last_llr"] = np.array(llr)
+    if llr > cfg.change_threshold:
+        new["risk_a"], new["risk_b"] = new["risk_fa"].copy(), new["risk_fb"].copy()
+        new["trunc_s"] = new["trunc_f"].copy()
+        new["changes"] = np.array(int(old["changes"]) + 1, np.int64)
+
+
 def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     """Next group size and diagnostics. Pure and deterministic (no randomness).
 
@@ -294,16 +360,24 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     cost = predicted_cost(cfg, state)
     benefit = predicted_benefit(cfg, state)
     ratio = benefit / np.maximum(cost, 1e-12)
-    j = ratio / ratio.max() if ratio.max() > 0 else np.zeros(n)
+    lam_rate = benefit_rate(state, float(ratio.max()))
+    if cfg.objective == "rate":
+        # Benefit/s over the run is a ratio of sums: a step adds benefit - λ·seconds to it
+        # (Dinkelbach). Scaled by the largest benefit so V stays dimensionless.
+        j = (benefit - lam_rate * cost) / max(float(benefit.max()), 1e-12)
+    else:
+        j = ratio / ratio.max() if ratio.max() > 0 else np.zeros(n)
     q = float(state["queue"])
     score = cfg.V * j - q * risk
     feasible = risk <= cfg.delta
     step = cfg.max_rung_step or n
-    reach = np.abs(np.arange(n) - cur) <= step
+    # max_rung_step limits moves up only: a larger rung is tried one step at a time, but a rung
+    # that has become too risky is left at once.
+    reach = (np.arange(n) - cur) <= step
     if int(state["step"]) < cfg.warmup_steps:
         idx, reason = sizes.tolist().index(cfg.initial_group_size), "warmup"
     elif not feasible.any():
-        idx, reason = max(0, cur - step), "no_feasible"  # descend to, then hold, the smallest g
+        idx, reason = 0, "no_feasible"  # the smallest g, held
     else:
         eligible = reach & feasible if cfg.hard_filter else reach.copy()
         top = int(np.flatnonzero(feasible).max()) + 1
@@ -318,7 +392,7 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
             target = int(
                 np.flatnonzero(feasible)[np.argmin(np.abs(np.flatnonzero(feasible) - cur))]
             )
-            idx, reason = cur + int(np.clip(target - cur, -step, step)), "toward_feasible"
+            idx, reason = cur + int(np.clip(target - cur, -n, step)), "toward_feasible"
     info = {
         "g": int(sizes[idx]),
         "reason": reason,
@@ -329,6 +403,7 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
         "J": j.tolist(),
         "score": score.tolist(),
         "queue": q,
+        "benefit_rate": lam_rate,
         "feasible": feasible.tolist(),
         "reachable": reach.tolist(),
     }

@@ -106,7 +106,11 @@ def posterior_risk(cfg: Any, state: State) -> np.ndarray:
     q = risk_level(cfg.risk)
     if q is None:
         return a / (a + b)
-    return beta_quantile(q, a, b)
+    try:  # scipy ships with jax; the pure-numpy betaq is the fallback (and the tests' reference)
+        from scipy.special import betaincinv
+    except ImportError:  # pragma: no cover
+        return beta_quantile(q, a, b)
+    return np.asarray(betaincinv(a, b, q), np.float64)
 
 
 def _interp_rows(rows: np.ndarray, measured: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -170,3 +174,38 @@ def predicted_benefit(cfg: Any, state: State) -> np.ndarray:
     a, b = pass_rate_beta(state)
     bs = batch_prompts(cfg, state)
     return np.array([bs[i] * benefit_per_prompt(g, a, b) for i, g in enumerate(cfg.group_sizes)])
+
+
+# --------------------------------------------------------------------------------------------
+# Change detection and the long-run benefit rate
+# --------------------------------------------------------------------------------------------
+
+
+def binom_llr(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Log-likelihood-ratio statistic 2·log(L(k/n) / L(p)) of k events in n trials. [...]
+
+    Fractional (discounted) counts are allowed. Under "no change" it is about chi-square(1), so a
+    threshold of 15 has a false-alarm rate near 1e-4 per test.
+    """
+    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
+    p = np.clip(np.asarray(p, np.float64), 1e-9, 1 - 1e-9)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(n > 0, k / np.maximum(n, 1e-12), p)
+        t1 = np.where(k > 0, k * np.log(np.maximum(q, 1e-300) / p), 0.0)
+        t2 = np.where(n - k > 0, (n - k) * np.log(np.maximum(1 - q, 1e-300) / (1 - p)), 0.0)
+    return 2.0 * np.maximum(t1 + t2, 0.0)
+
+
+def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
+    """Σ over groups [passes not all equal] x (1 - 1/g). rewards: [P, g] (binarised at threshold,
+    as the benefit model is)."""
+    g = rewards.shape[-1]
+    k = (rewards > threshold).sum(-1)
+    return float(((k > 0) & (k < g)).sum()) * (1.0 - 1.0 / g)
+
+
+def benefit_rate(state: State, predicted: float) -> float:
+    """λ: the long-run benefit per second realised so far (discounted sums); ``predicted`` (the
+    best predicted benefit/cost) until a timed step has been seen."""
+    ben, sec = state["rate_s"]
+    return float(ben / sec) if sec > 0 and ben > 0 else predicted

@@ -35,6 +35,14 @@ class Observation:
     decode_chunk: int = 1
 
 
+def last_axis_median(x: np.ndarray) -> np.ndarray:
+    """``np.median(x, axis=-1)`` (mean of the two middle values for even sizes), via one sort:
+    several times faster than np.median on the small trailing axes used here."""
+    s = np.sort(x, axis=-1)
+    n = s.shape[-1]
+    return 0.5 * (s[..., (n - 1) // 2] + s[..., n // 2])
+
+
 def straggler_events(
     lengths: np.ndarray, truncated: np.ndarray, tau: float, count_truncated: bool
 ) -> np.ndarray:
@@ -44,7 +52,7 @@ def straggler_events(
     or, when ``count_truncated``, any member truncated.
     """
     lengths = np.asarray(lengths, dtype=np.float64)
-    ev = lengths.max(-1) > tau * np.median(lengths, axis=-1)
+    ev = lengths.max(-1) > tau * last_axis_median(lengths)
     if count_truncated:
         ev = ev | np.asarray(truncated, dtype=bool).any(-1)
     return ev
@@ -107,7 +115,7 @@ def counterfactual_risk(
             keys = keys + 2.0 * truncated[None]  # untruncated rows sort first
         idx = np.argsort(keys, axis=-1)[..., :g]
         sub = np.take_along_axis(np.broadcast_to(lengths, keys.shape), idx, axis=-1)
-        ratio = (sub.max(-1) > tau * np.median(sub, axis=-1)).mean(0)
+        ratio = (sub.max(-1) > tau * last_axis_median(sub)).mean(0)
         if not count_truncated:
             return ratio
         p_none = hypergeom_none(big_g, truncated.sum(-1), g)
