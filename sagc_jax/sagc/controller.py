@@ -22,7 +22,7 @@ import numpy as np
 from sagc_jax.sagc.estimators import (
     State,
     benefit_rate,
-    binom_llr,
+    binom_llr2,
     expected_decode_steps,
     posterior_risk,
     predicted_benefit,
@@ -87,7 +87,7 @@ class SAGCConfig:
     # J(g) = (benefit/cost) / max (benefit/cost).
     objective: str = "rate"
     rate_half_life: float = 500.0  # steps; memory of λ (long: the objective is run-long)
-    fast_half_life: float = 6.0  # steps; the fast statistics the change detector compares
+    change_window: int = 8  # steps of per-step sums kept; windows of 1, 2, 4, ... are tested
     change_threshold: float = 15.0  # LLR (~chi-square 1) that declares a change; 0 = off
 
     def __post_init__(self) -> None:
@@ -125,7 +125,9 @@ class SAGCConfig:
             bad("V", ">= 0")
         if not (isinstance(self.half_life, int | float) and self.half_life > 0):
             bad("half_life", "> 0 (steps)")
-        for f in ("length_half_life", "rate_half_life", "fast_half_life"):
+        if not (isinstance(self.change_window, int) and self.change_window >= 1):
+            bad("change_window", "an integer >= 1 (steps)")
+        for f in ("length_half_life", "rate_half_life"):
             if not (isinstance(getattr(self, f), int | float) and getattr(self, f) > 0):
                 bad(f, "> 0 (steps)")
         if self.objective not in ("rate", "ratio"):
@@ -201,12 +203,15 @@ def init_state(cfg: SAGCConfig) -> State:
         "last_reason": np.array(0, np.int64),  # index into REASONS
         "last_choice": np.array(-1, np.int64),
         "last_score": np.zeros(k, f64),
-        "risk_fa": np.zeros(k, f64),  # fast (fast_half_life) event pseudo-counts
-        "risk_fb": np.zeros(k, f64),
-        "trunc_f": np.zeros(2, f64),  # fast sums: rows, truncated rows
+        # The last change_window steps' own sums, newest first (change detection):
+        "hist_a": np.zeros((cfg.change_window, k), f64),  # weighted events per rung
+        "hist_n": np.zeros((cfg.change_window, k), f64),  # weighted groups per rung
+        "hist_tr": np.zeros((cfg.change_window, 3), f64),  # rows, truncated rows, groups
         "rate_s": np.zeros(2, f64),  # discounted realised benefit, seconds (λ)
         "changes": np.array(0, np.int64),  # change points detected so far
         "last_llr": np.array(0.0, f64),  # largest change statistic of the last step
+        "rows_since": np.array(0, np.int64),  # rows_seen / groups_seen at the last change:
+        "groups_since": np.array(0, np.int64),  # the length model reads only what came after
     }
 
 
@@ -249,14 +254,16 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
         new["eps_ring"] = ring_put(state["eps_ring"], seen, eps)
         new["rows_seen"] = np.array(seen + len(eps), np.int64)
     lam_len = 0.5 ** (1.0 / cfg.length_half_life)
-    lam_f = 0.5 ** (1.0 / cfg.fast_half_life)
     tr_step = np.array([rows, truncated.sum()], np.float64)
     new["trunc_s"] = lam_len * state["trunc_s"] + tr_step
-    new["trunc_f"] = lam_f * state["trunc_f"] + tr_step
+    new["hist_tr"] = np.roll(state["hist_tr"], 1, axis=0)
+    new["hist_tr"][0] = [rows, truncated.sum(), p_groups]
+    new["hist_a"] = np.roll(state["hist_a"], 1, axis=0)
+    new["hist_n"] = np.roll(state["hist_n"], 1, axis=0)
     gseen = int(state["groups_seen"])
     new["med_ring"] = ring_put(state["med_ring"], gseen, med)
     new["groups_seen"] = np.array(gseen + p_groups, np.int64)
-    pool_eps = ring_view(new["eps_ring"], new["rows_seen"])
+    pool_eps = ring_view(new["eps_ring"], new["rows_seen"], state["rows_since"])
     if len(pool_eps) == 0:  # nothing untruncated seen yet: residual 1 (tight groups)
         pool_eps = np.ones(1)
     p_tr = truncation_rate(new)
@@ -279,11 +286,11 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
         w = min(1.0, g / gc)
         new["risk_a"][i] = lam * state["risk_a"][i] + w * r.sum()
         new["risk_b"][i] = lam * state["risk_b"][i] + w * (1.0 - r).sum()
-        new["risk_fa"][i] = lam_f * state["risk_fa"][i] + w * r.sum()
-        new["risk_fb"][i] = lam_f * state["risk_fb"][i] + w * (1.0 - r).sum()
+        new["hist_a"][0, i] = w * r.sum()
+        new["hist_n"][0, i] = w * len(r)
         new["risk_last"][i] = r.mean()
     i_g = sizes.index(g)
-    _detect_change(cfg, state, new, i_g, p_groups, tr_step)
+    _detect_change(cfg, state, new, i_g)
 
     # 4) pass-rate moments: unbiased per-group estimates of E[p] and E[p^2] (any G >= 2).
     k = (rewards > cfg.pass_threshold).sum(-1).astype(np.float64)
@@ -313,38 +320,46 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     return new
 
 
-def _detect_change(
-    cfg: SAGCConfig, old: State, new: State, i_g: int, p_groups: int, tr_step: np.ndarray
-) -> None:
-    """Change detection (in place on ``new``): compare this step alone and the fast window with
-    the long-memory estimates of the previous state, for the per-row truncation rate and for the
-    risk of every rung <= the observed G (those come from exact subsets, not extrapolation). On
-    a change (LLR > change_threshold), the long-memory statistics restart from the fast ones, so
-    the controller follows a new regime within a few steps yet averages long within one.
+def _detect_change(cfg: SAGCConfig, old: State, new: State, i_g: int) -> None:
+    """Change detection (in place on ``new``), a windowed generalised likelihood-ratio test.
+
+    For the last 1, 2, 4, ... steps (up to change_window), compare the window's own sums with
+    the long-memory sums of the previous state (a two-sample test, so a memory that just
+    restarted and holds little evidence does not trigger again on noise): the per-row truncation
+    rate, and the risk of every rung <= the observed G (exact subsets, not extrapolation). On a
+    change (largest LLR > change_threshold) the long-memory statistics restart from the
+    triggering window's sums alone and the length model reads only rows since that window began,
+    so the controller follows a new regime within a few steps, yet averages long within one.
     """
     if cfg.change_threshold <= 0 or int(old["step"]) < cfg.warmup_steps:
         new["last_llr"] = np.array(0.0)
         return
-    prior = cfg.prior_a + cfg.prior_b
-    m_old = (cfg.prior_a + old["risk_a"]) / (prior + old["risk_a"] + old["risk_b"])
-    idx = slice(0, i_g + 1)
-    # The step's own events: risk_fa grew by the step's evidence minus the decay of the old.
-    lam_f = 0.5 ** (1.0 / cfg.fast_half_life)
-    step_a = new["risk_fa"] - lam_f * old["risk_fa"]
-    step_n = step_a + new["risk_fb"] - lam_f * old["risk_fb"]
-    p_old = truncation_rate(old)
-    stats = [
-        binom_llr(new["risk_fa"], new["risk_fa"] + new["risk_fb"], m_old)[idx].max(),
-        binom_llr(step_a, step_n, m_old)[idx].max(),
-        float(binom_llr(new["trunc_f"][1], new["trunc_f"][0], p_old)),
-        float(binom_llr(tr_step[1], tr_step[0], p_old)),
-    ]
-    llr = float(max(stats))
-    new["last_llr"] = np.array(llr)
-    if llr > cfg.change_threshold:
-        new["risk_a"], new["risk_b"] = new["risk_fa"].copy(), new["risk_fb"].copy()
-        new["trunc_s"] = new["trunc_f"].copy()
+    reg_a, reg_n = old["risk_a"], old["risk_a"] + old["risk_b"]
+    reg_rows, reg_tr = old["trunc_s"]
+    filled = min(int(old["step"]) + 1, cfg.change_window)
+    best, best_w = 0.0, 0
+    w = 1
+    while w <= filled:
+        a, n = new["hist_a"][:w].sum(0), new["hist_n"][:w].sum(0)
+        rows, trunc, _ = new["hist_tr"][:w].sum(0)
+        llr = max(
+            float(binom_llr2(a, n, reg_a, reg_n)[: i_g + 1].max()),
+            float(binom_llr2(trunc, rows, reg_tr, reg_rows)),
+        )
+        if llr > best:
+            best, best_w = llr, w
+        w *= 2
+    new["last_llr"] = np.array(best)
+    if best > cfg.change_threshold:
+        a, n = new["hist_a"][:best_w].sum(0), new["hist_n"][:best_w].sum(0)
+        new["risk_a"], new["risk_b"] = a, n - a
+        rows_w, trunc_w, groups_w = new["hist_tr"][:best_w].sum(0)
+        new["trunc_s"] = np.array([rows_w, trunc_w])
         new["changes"] = np.array(int(old["changes"]) + 1, np.int64)
+        # The length model forgets the old regime too: it reads only rows since the window.
+        untruncated = int(rows_w - trunc_w)  # the residual ring holds untruncated rows only
+        new["rows_since"] = np.array(max(int(new["rows_seen"]) - untruncated, 0), np.int64)
+        new["groups_since"] = np.array(max(int(new["groups_seen"]) - int(groups_w), 0), np.int64)
 
 
 def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:

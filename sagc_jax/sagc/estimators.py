@@ -48,9 +48,14 @@ def ring_put(ring: np.ndarray, seen: int, values: np.ndarray) -> np.ndarray:
     return ring
 
 
-def ring_view(ring: np.ndarray, seen: int) -> np.ndarray:
-    """Valid entries of a ring buffer (order irrelevant: used for bootstrap draws)."""
-    return ring[: min(int(seen), len(ring))]
+def ring_view(ring: np.ndarray, seen: int, since: int = 0) -> np.ndarray:
+    """The valid entries of a ring buffer written after write number ``since`` (the last change
+    point), newest last; all valid entries if none was written since. Used for bootstrap draws."""
+    seen, cap = int(seen), len(ring)
+    n = min(seen - int(since), cap)
+    if n <= 0:
+        n = min(seen, cap)
+    return ring[(seen - n + np.arange(n)) % cap]
 
 
 def batch_prompts(cfg: Any, state: State) -> np.ndarray:
@@ -80,9 +85,9 @@ def expected_decode_steps(
     group medians, g residuals each from recent untruncated rows. Steps are rounded up to
     decode_chunk; common random numbers across candidates keep their comparison low-noise.
     """
-    eps = ring_view(state["eps_ring"], state["rows_seen"])
+    eps = ring_view(state["eps_ring"], state["rows_seen"], state["rows_since"])
     eps = eps if len(eps) else np.ones(1)
-    meds = ring_view(state["med_ring"], state["groups_seen"])
+    meds = ring_view(state["med_ring"], state["groups_seen"], state["groups_since"])
     chunk = float(max(int(state["decode_chunk"]), 1))
     cap = math.ceil(float(state["max_new_tokens"]) / chunk) * chunk
     p_tr = truncation_rate(state)
@@ -194,6 +199,12 @@ def binom_llr(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
         t1 = np.where(k > 0, k * np.log(np.maximum(q, 1e-300) / p), 0.0)
         t2 = np.where(n - k > 0, (n - k) * np.log(np.maximum(1 - q, 1e-300) / (1 - p)), 0.0)
     return 2.0 * np.maximum(t1 + t2, 0.0)
+
+
+def binom_llr2(k1: np.ndarray, n1: np.ndarray, k2: np.ndarray, n2: np.ndarray) -> np.ndarray:
+    """Two-sample LLR that k1/n1 and k2/n2 have different rates (about chi-square(1) if not)."""
+    pool = (np.asarray(k1) + k2) / np.maximum(np.asarray(n1) + n2, 1e-12)
+    return binom_llr(k1, n1, pool) + binom_llr(k2, n2, pool)
 
 
 def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
