@@ -54,7 +54,7 @@ class SAGCConfig:
     count_truncated: bool = True  # any member truncated at max_new_tokens is a straggler event
     delta: float = 0.1  # long-run straggler-rate budget
     V: float = 1.0  # weight of normalised benefit/cost J(g) against Q * risk(g)
-    half_life: float = 25.0  # steps; exponential forgetting of risk/pass-rate statistics
+    half_life: float = 100.0  # steps; forgetting of risk/pass-rate statistics within a regime
     risk: str = "q90"  # "mean" or an upper posterior quantile "qNN" (50 < NN < 100)
     max_rung_step: int = 1  # max index change of G per step; 0 = unlimited
     warmup_steps: int = 4  # steps held at initial_group_size before deciding
@@ -66,7 +66,7 @@ class SAGCConfig:
     share_budget: bool = True  # the rung above the largest feasible one is eligible too
     pass_threshold: float = 0.5  # reward > threshold counts as a pass for the benefit model
     cost_ema: float = 0.3  # EMA weight of a new per-shape timing measurement
-    length_half_life: float = 25.0  # steps; forgetting of the per-row truncation rate that
+    length_half_life: float = 100.0  # steps; forgetting of the per-row truncation rate that
     #   feeds cost and risk above G_t (longer = less noise on rare loops, slower recovery)
     window_rows: int = 2048  # ring buffer of recent untruncated per-row length / group median
     window_groups: int = 256  # ring buffer of recent per-group median lengths
@@ -87,7 +87,7 @@ class SAGCConfig:
     # J(g) = (benefit/cost) / max (benefit/cost).
     objective: str = "rate"
     rate_half_life: float = 500.0  # steps; memory of λ (long: the objective is run-long)
-    change_window: int = 8  # steps of per-step sums kept; windows of 1, 2, 4, ... are tested
+    change_window: int = 32  # steps of per-step sums kept; windows of 1, 2, 4, ... are tested
     change_threshold: float = 15.0  # LLR (~chi-square 1) that declares a change; 0 = off
 
     def __post_init__(self) -> None:
@@ -209,6 +209,7 @@ def init_state(cfg: SAGCConfig) -> State:
         "hist_tr": np.zeros((cfg.change_window, 3), f64),  # rows, truncated rows, groups
         "rate_s": np.zeros(2, f64),  # discounted realised benefit, seconds (λ)
         "changes": np.array(0, np.int64),  # change points detected so far
+        "change_step": np.array(0, np.int64),  # first step of the current regime
         "last_llr": np.array(0.0, f64),  # largest change statistic of the last step
         "rows_since": np.array(0, np.int64),  # rows_seen / groups_seen at the last change:
         "groups_since": np.array(0, np.int64),  # the length model reads only what came after
@@ -336,15 +337,23 @@ def _detect_change(cfg: SAGCConfig, old: State, new: State, i_g: int) -> None:
         return
     reg_a, reg_n = old["risk_a"], old["risk_a"] + old["risk_b"]
     reg_rows, reg_tr = old["trunc_s"]
-    filled = min(int(old["step"]) + 1, cfg.change_window)
+    # Windows never reach back past the last change: that data belongs to the old regime.
+    age = int(old["step"]) - int(old["change_step"]) + 1
+    filled = min(age, cfg.change_window)
     best, best_w = 0.0, 0
     w = 1
     while w <= filled:
         a, n = new["hist_a"][:w].sum(0), new["hist_n"][:w].sum(0)
         rows, trunc, _ = new["hist_tr"][:w].sum(0)
+        # The regime's sums without the window's earlier steps (they are in ``old`` already;
+        # their small discount is ignored), so the two samples do not overlap.
+        ra = np.maximum(reg_a - new["hist_a"][1:w].sum(0), 0.0)
+        rn = np.maximum(reg_n - new["hist_n"][1:w].sum(0), ra)
+        r_rows, r_tr, _ = new["hist_tr"][1:w].sum(0)
+        r_rows, r_tr = max(reg_rows - r_rows, 0.0), max(reg_tr - r_tr, 0.0)
         llr = max(
-            float(binom_llr2(a, n, reg_a, reg_n)[: i_g + 1].max()),
-            float(binom_llr2(trunc, rows, reg_tr, reg_rows)),
+            float(binom_llr2(a, n, ra, rn)[: i_g + 1].max()),
+            float(binom_llr2(trunc, rows, r_tr, max(r_rows, r_tr))),
         )
         if llr > best:
             best, best_w = llr, w
@@ -356,6 +365,7 @@ def _detect_change(cfg: SAGCConfig, old: State, new: State, i_g: int) -> None:
         rows_w, trunc_w, groups_w = new["hist_tr"][:best_w].sum(0)
         new["trunc_s"] = np.array([rows_w, trunc_w])
         new["changes"] = np.array(int(old["changes"]) + 1, np.int64)
+        new["change_step"] = np.array(int(old["step"]) + 1 - best_w, np.int64)
         # The length model forgets the old regime too: it reads only rows since the window.
         untruncated = int(rows_w - trunc_w)  # the residual ring holds untruncated rows only
         new["rows_since"] = np.array(max(int(new["rows_seen"]) - untruncated, 0), np.int64)
