@@ -1,12 +1,11 @@
 """Straggler-Aware Group Control: the controller (pure state + update functions) and the
 offline simulator. See docs/sagc.md."""
 
+from sagc_jax.sagc.config import SAGCConfig
 from sagc_jax.sagc.controller import (
     REASONS,
-    SAGCConfig,
     State,
     choose,
-    config_from_dict,
     init_state,
     observe,
     record_choice,
@@ -34,7 +33,6 @@ __all__ = [
     "State",
     "StaticPolicy",
     "choose",
-    "config_from_dict",
     "counterfactual_risk",
     "hypergeom_none",
     "init_state",

@@ -9,24 +9,14 @@ the config is an ``SAGCConfig`` (typed loosely here to keep the import graph acy
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import numpy as np
 
 from sagc_jax.sagc.betaq import beta_quantile
+from sagc_jax.sagc.config import risk_level
 
 State = dict[str, np.ndarray]
-
-
-def risk_level(risk: str) -> float | None:
-    """``"mean"`` -> None; ``"q90"`` -> 0.90. Raises ValueError otherwise."""
-    if risk == "mean":
-        return None
-    m = re.fullmatch(r"q(\d+(?:\.\d+)?)", str(risk))
-    if not m or not 50.0 < float(m.group(1)) < 100.0:
-        raise ValueError(f"bad risk {risk!r}")
-    return float(m.group(1)) / 100.0
 
 
 def prompts_for(cfg: Any, g: int, prompts_per_step: int) -> int:
