@@ -47,7 +47,8 @@ def init_state(cfg: SAGCConfig) -> State:
         "step": np.array(0, np.int64),  # observations folded in so far (also the RNG counter)
         "seed": np.array(cfg.seed, np.int64),
         "g_idx": np.array(cfg.group_sizes.index(cfg.initial_group_size), np.int64),
-        "queue": np.array(0.0, f64),  # virtual queue Q
+        "queue": np.array(0.0, f64),  # virtual queue Q (budget debt)
+        "credit": np.array(0.0, f64),  # unused budget saved for later, <= credit_cap
         "last_rate": np.array(0.0, f64),  # s_t of the last step
         "risk_a": np.zeros(k, f64),  # discounted event pseudo-counts (prior added on read)
         "risk_b": np.zeros(k, f64),  # discounted non-event pseudo-counts
@@ -109,7 +110,10 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     # does not grow on such steps (it still drains).
     held = REASONS[int(state["last_reason"])] == "no_feasible"
     excess = min(rate - cfg.delta, 0.0) if held else rate - cfg.delta
-    new["queue"] = np.array(max(0.0, float(state["queue"]) + excess))
+    # One signed balance: debt is the queue, savings (up to credit_cap) are credit.
+    balance = min(float(state["credit"]) - float(state["queue"]) - excess, cfg.credit_cap)
+    new["queue"] = np.array(max(0.0, -balance))
+    new["credit"] = np.array(max(0.0, balance))
 
     # 2) the "median x residual" length model: recent untruncated residuals, group medians,
     #    and a discounted per-row truncation rate.
@@ -259,7 +263,10 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
         j = ratio / ratio.max() if ratio.max() > 0 else np.zeros(n)
     q = float(state["queue"])
     score = cfg.V * j - q * risk
-    feasible = risk <= cfg.delta
+    # The budget is a long-run average: credit saved in light phases raises the per-step cap,
+    # to be spent over about credit_horizon steps (0 credit: the cap is delta).
+    cap = cfg.delta + float(state["credit"]) / cfg.credit_horizon
+    feasible = risk <= cap
     step = cfg.max_rung_step or n
     # max_rung_step limits moves up only: a larger rung is tried one step at a time, but a rung
     # that has become too risky is left at once.
@@ -293,6 +300,7 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
         "J": j.tolist(),
         "score": score.tolist(),
         "queue": q,
+        "risk_cap": cap,
         "benefit_rate": lam_rate,
         "feasible": feasible.tolist(),
         "reachable": reach.tolist(),
