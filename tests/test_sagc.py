@@ -315,3 +315,18 @@ def test_config_accepts_lists_and_quantile_risk():
     cfg = SAGCConfig(group_sizes=[2, 4], initial_group_size=2, risk="q95").validate()
     assert cfg.group_sizes == (2, 4)
     assert math.isfinite(hash(cfg))
+
+
+def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
+    # No stragglers at all: each step saves delta of budget, at most credit_cap of it.
+    wl = {**LIGHT, "group_spread": 0.05}
+    sim = _sim(30, wl, sagc={"credit_cap": 1.0, "credit_horizon": 10.0})
+    pol, _ = _run_sagc(sim)
+    assert float(pol.state["credit"]) == pytest.approx(1.0)
+    assert float(pol.state["queue"]) == 0.0
+    _, info = choose(sim.sagc, pol.state)
+    assert info["risk_cap"] == pytest.approx(sim.sagc.delta + 1.0 / 10.0)
+    # Off by default: the queue only counts debt, and the cap is delta.
+    pol0, _ = _run_sagc(_sim(30, wl))
+    assert float(pol0.state["credit"]) == 0.0
+    assert choose(pol0.cfg, pol0.state)[1]["risk_cap"] == pytest.approx(0.1)
