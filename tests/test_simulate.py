@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from sagc_jax.sagc.config import SAGCConfig
 from sagc_jax.sagc.oracle import phase_bounds, solve_oracle
 from sagc_jax.sagc.simulate import (
     apply_overrides,
@@ -159,9 +160,16 @@ def test_calibrated_time_model(tmp_path):
 
 
 def test_shipped_configs_parse():
-    for name in ("heavy_tail", "drift"):
+    from pathlib import Path
+
+    names = {p.stem for p in Path("configs/sim").glob("*.yaml")}
+    want = {"heavy_tail", "drift", "slow_drift", "loop_bursts", "length_growth", "bimodal"}
+    assert want | {"trace_replay"} <= names
+    for name in sorted(names):
         sim = load_sim_config(f"configs/sim/{name}.yaml")
-        assert sim.steps == 1500 and sim.sagc.group_sizes == (4, 8, 12, 16)
+        assert sim.sagc.group_sizes == (4, 8, 12, 16) and sim.sagc.delta == 0.1
+        assert sim.sagc == SAGCConfig(seed=sim.seed)  # one set of defaults, nothing tuned
+    assert load_sim_config("configs/sim/slow_drift.yaml").ramps == ((0, 1500),)
 
 
 def test_oracle_matches_grid_search_and_uses_budget_credit():
