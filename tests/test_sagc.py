@@ -326,7 +326,7 @@ def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
     assert float(pol.state["queue"]) == 0.0
     _, info = choose(sim.sagc, pol.state)
     assert info["risk_cap"] == pytest.approx(sim.sagc.delta + 1.0 / 10.0)
-    # Off by default: the queue only counts debt, and the cap is delta.
-    pol0, _ = _run_sagc(_sim(30, wl))
+    # Switched off: the queue only counts debt, and the cap is delta.
+    pol0, _ = _run_sagc(_sim(30, wl, sagc={"credit_cap": 0.0}))
     assert float(pol0.state["credit"]) == 0.0
     assert choose(pol0.cfg, pol0.state)[1]["risk_cap"] == pytest.approx(0.1)

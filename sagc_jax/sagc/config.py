@@ -127,13 +127,13 @@ class SAGCConfig(Section):
         ge=0,
     )
     credit_cap: Float = field(
-        0.0,
+        100.0,
         "Budget credit: unused straggler budget (sum of delta - s_t over steps) saved for later, "
         "at most this much; 0 = none (the queue only counts debt).",
         ge=0,
     )
     credit_horizon: Float = field(
-        100.0, "Steps over which saved credit may be spent: risk cap = delta + credit / this.", gt=0
+        300.0, "Steps over which saved credit may be spent: risk cap = delta + credit / this.", gt=0
     )
     change_window: Int = field(
         32, "Steps of per-step sums kept; windows of 1, 2, 4, ... steps are tested.", ge=1
