@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,18 @@ from flax import nnx
 
 from sagc_jax.models.config import ModelConfig
 
+logger = logging.getLogger(__name__)
+
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint exists but belongs to an incompatible configuration."""
 
 
 @dataclasses.dataclass
-class TrainState:
+class Snapshot:
+    """Everything a checkpoint step holds (the live `train.state.TrainState` plus the SAGC
+    state and the data position)."""
+
     step: int
     params: Any  # nnx.State of the model
     opt_state: Any
@@ -121,7 +127,7 @@ class RunCheckpointer:
                           f" a checkpoint needs about {min_free_bytes / 2**20:.0f} MiB")
 
     # -------------------------------------------------------------- save
-    def save(self, step: int, state: TrainState, *, force: bool = False) -> bool:
+    def save(self, step: int, state: Snapshot, *, force: bool = False) -> bool:
         if not force and (self.every == 0 or step % self.every):
             return False
         if step in self.manager.all_steps():
@@ -155,6 +161,13 @@ class RunCheckpointer:
         if self._mngr is not None:
             self._mngr.wait_until_finished()
 
+    def close(self) -> None:
+        """Waits for pending saves and releases the manager (its threads and files)."""
+        if self._mngr is not None:
+            self._mngr.wait_until_finished()
+            self._mngr.close()
+            self._mngr = None
+
     def latest_step(self) -> int | None:
         if not self.directory.exists():
             return None
@@ -174,7 +187,7 @@ class RunCheckpointer:
                 f"checkpoints in {self.directory} were written for a different model ({what}); "
                 "use another run.dir or the original model config")
 
-    def restore_latest(self, template: TrainState, model_cfg: ModelConfig) -> TrainState | None:
+    def restore_latest(self, template: Snapshot, model_cfg: ModelConfig) -> Snapshot | None:
         """Newest restorable checkpoint, falling back past damaged ones; None if there is none."""
         if self.latest_step() is None:
             return None
@@ -185,12 +198,12 @@ class RunCheckpointer:
             except CheckpointMismatchError:
                 raise
             except Exception as e:
-                print(f"[sagc-jax] checkpoint step {step} in {self.directory} is unreadable "
-                      f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                      "falling back to the previous one", flush=True)
+                logger.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back "
+                               "to the previous one", step, self.directory, type(e).__name__,
+                               str(e).splitlines()[0][:200])
         raise FileNotFoundError(f"no checkpoint in {self.directory} could be restored")
 
-    def _restore(self, step: int, template: TrainState) -> TrainState:
+    def _restore(self, step: int, template: Snapshot) -> Snapshot:
         pure_t = _pure(template.params)
         flat_opt = _flat(template.opt_state)
         sagc_t = {k: np.asarray(v) for k, v in template.sagc.items()}
@@ -217,5 +230,5 @@ class RunCheckpointer:
         opt_state = jax.tree.unflatten(treedef, [got["opt_state"][str(i)]
                                                  for i in range(len(flat_opt))])
         sagc = {k: np.asarray(v) for k, v in got["sagc"].items()}
-        return TrainState(step=step, params=params, opt_state=opt_state, sagc=sagc,
+        return Snapshot(step=step, params=params, opt_state=opt_state, sagc=sagc,
                           data_iter=template.data_iter)

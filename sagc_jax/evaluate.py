@@ -34,10 +34,10 @@ from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from sagc_jax.config import Config, load_config
-from sagc_jax.data.tokenizer import decode_completion, encode_prompt, load_tokenizer
+from sagc_jax.data.tokenizer import decode_completion, encode_prompt, load_tokenizer, stop_ids
 from sagc_jax.models import Transformer, from_hf_dict, from_pretrained
 from sagc_jax.models.sharding import state_shardings
-from sagc_jax.rl.rewards import RewardFn, compute_rewards
+from sagc_jax.rl.rewards import RewardFn, score_groups
 from sagc_jax.sampling import Sampler, SamplingConfig
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "PolicySource",
     "evaluate",
     "format_table",
+    "greedy_accuracy",
     "load_eval_examples",
     "load_policy",
     "pass_at_k",
@@ -59,8 +60,6 @@ _CKPT_DIR = "checkpoints"
 _INITIAL = "initial"
 _HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-# Columns that are not reward-function keyword arguments (as in the trainer).
-_NOT_COLUMNS = {"prompt", "prompt_ids", "solution"}
 
 
 class CheckpointPathError(ValueError):
@@ -144,7 +143,7 @@ def _abstract_run_model(cfg: Config, tokenizer: Any) -> Transformer:
     """The model `trainer.build_model` builds for `cfg`, as shapes only (nothing allocated)."""
     m = cfg.model
     if m.path is None:
-        from sagc_jax.trainer import build_model  # the trainer's own recipe, so they can't drift
+        from sagc_jax.models.build import build_model  # the trainer's recipe: they can't drift
 
         return nnx.eval_shape(lambda: build_model(cfg, len(tokenizer), tokenizer, None)[0])
     hf_cfg = Path(m.path) / "config.json"
@@ -299,13 +298,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def _eos_ids(tokenizer: Any) -> list[int]:
-    """EOS ids the sampler stops on (the tokenizer's eos plus any generation-only ones)."""
-    ids = {tokenizer.eos_token_id}
-    ids |= set(getattr(tokenizer, "generation_eos_ids", None) or ())
-    return sorted(int(i) for i in ids if i is not None)
-
-
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -378,7 +370,7 @@ def evaluate(
     sampler = Sampler(model, SamplingConfig(
         group_sizes=group_sizes, prompts_per_step=int(batch_prompts),
         prompt_buckets=tuple(int(b) for b in prompt_buckets), max_new_tokens=int(max_new_tokens),
-        decode_chunk=int(decode_chunk)), pad_id=int(pad_id), eos_ids=_eos_ids(tokenizer),
+        decode_chunk=int(decode_chunk)), pad_id=int(pad_id), eos_ids=stop_ids(tokenizer),
         mesh=mesh)
 
     n = len(exs)
@@ -395,10 +387,7 @@ def evaluate(
 
     def score(idx: list[int], g: int, completions: list[str]) -> tuple[np.ndarray, np.ndarray]:
         nonlocal errors
-        rows = [exs[i] for i in idx for _ in range(g)]
-        cols = {c: [ex.get(c) for ex in rows] for c in exs[idx[0]] if c not in _NOT_COLUMNS}
-        res = compute_rewards(reward_fns, [ex["prompt"] for ex in rows], completions, cols,
-                              on_error=on_error)
+        res = score_groups(reward_fns, [exs[i] for i in idx], g, completions, on_error=on_error)
         errors += res.num_errors
         return res.per_fn[first] >= correct_threshold, res.total
 
@@ -458,6 +447,25 @@ def evaluate(
              **({"num_correct": int(sample_correct[i].sum())} if k > 0 else {})}
             for i, ex in enumerate(exs)]
     return result
+
+
+def greedy_accuracy(sampler: Sampler, tokenizer: Any, examples: Sequence[Mapping[str, Any]],
+                    reward_fns: Sequence[RewardFn], *, params: Any, key: jax.Array,
+                    chat_template: bool = False, on_error: str = "raise", batch: int = 64,
+                    correct_threshold: float = 0.5) -> float:
+    """Fraction of `examples` whose greedy completion scores >= `correct_threshold` on the first
+    reward function; `sampler` must declare G = 1 with `batch` prompts per call."""
+    correct, total = 0, 0
+    first = reward_fns[0].name
+    for i in range(0, len(examples), batch):
+        chunk = examples[i:i + batch]
+        ids = [encode_prompt(tokenizer, e["prompt"], chat_template) for e in chunk]
+        out = sampler.generate(ids, group_size=1, key=key, greedy=True, params=params)
+        texts = [decode_completion(tokenizer, r[:n]) for r, n in zip(out.tokens, out.lengths)]
+        res = score_groups(reward_fns, chunk, 1, texts, on_error=on_error)
+        correct += int((res.per_fn[first] >= correct_threshold).sum())
+        total += len(chunk)
+    return correct / max(total, 1)
 
 
 def format_table(result: Mapping[str, Any]) -> str:
