@@ -51,8 +51,8 @@ from sagc_jax.models import ModelConfig, Transformer  # noqa: E402
 from sagc_jax.models.sharding import replicated, state_shardings  # noqa: E402
 from sagc_jax.parallel import make_mesh  # noqa: E402
 from sagc_jax.rl.train_step import LossSettings  # noqa: E402
-from sagc_jax.train.learner import CompiledSteps  # noqa: E402
 from sagc_jax.sampling import Sampler, SamplingConfig  # noqa: E402
+from sagc_jax.train.learner import CompiledSteps  # noqa: E402
 
 # device kind substring -> (bf16 dense FLOP/s, HBM bytes/s)
 PEAKS: dict[str, tuple[float, float]] = {

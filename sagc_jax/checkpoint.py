@@ -83,11 +83,26 @@ def restore_params(path: str | Path, template: Any) -> Any:
     path = Path(path).absolute()
     if not path.exists():
         raise FileNotFoundError(f"init.params: {path} does not exist")
-    with ocp.StandardCheckpointer() as c:
-        pure = c.restore(path, _abstract(_pure(template)))
+    pure = restore_pure_params(path, _abstract(_pure(template)))
     out = jax.tree.map(lambda x: x, template)
     nnx.replace_by_pure_dict(out, pure)
     return out
+
+
+def restore_pure_params(path: str | Path, target: Any, step: int | None = None) -> Any:
+    """Pure-dict params placed as `target` (ShapeDtypeStructs with shardings): from an
+    `initial`-style directory (`step=None`) or the `params` item of CheckpointManager step
+    `step` in directory `path` (the optimizer state and the rest are not read)."""
+    if step is None:
+        with ocp.StandardCheckpointer() as c:
+            return c.restore(Path(path).absolute(), target)
+    mngr = ocp.CheckpointManager(Path(path).absolute(),
+                                 options=ocp.CheckpointManagerOptions(create=False))
+    try:
+        got = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
+    finally:
+        mngr.close()
+    return got["params"]
 
 
 class RunCheckpointer:

@@ -104,7 +104,7 @@ def _eval(argv: list[str]) -> int:
         load_policy,
         resolve_checkpoint,
     )
-    from sagc_jax.rl.rewards import RewardFn
+    from sagc_jax.rl.rewards import RewardFn, build_reward_fns
 
     try:
         # Cheap checks of both paths before any model is loaded.
@@ -117,7 +117,7 @@ def _eval(argv: list[str]) -> int:
         if args.reward:
             reward_fns = [RewardFn.from_name(r) for r in args.reward]
         elif cfg is not None:
-            reward_fns = [RewardFn.from_name(r.name, r.weight) for r in cfg.rewards]
+            reward_fns = build_reward_fns(cfg.rewards)
         else:  # a bare HF model: the task's verifier, or exact-answer matching for a file
             reward_fns = [RewardFn.from_name(get_task(task).default_reward if task
                                              else "exact_answer")]

@@ -39,8 +39,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
-from sagc_jax.models import ModelConfig, Transformer, from_hf_dict
-from sagc_jax.models.config import from_run_section
+from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.build import model_config
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
 from sagc_jax.sampling.buckets import cache_bucket_for
@@ -78,10 +78,9 @@ def _tokenizer_check(path: str | None) -> tuple[str, int | None]:
 
 
 def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelConfig, str]:
-    """The architecture the trainer would build, and where it came from.
-
-    ``model.path``: its ``config.json`` only (no weights). Fresh model: the ``model.*`` fields with
-    ``vocab_size`` (the tokenizer's length, which the caller supplies).
+    """The architecture the trainer would build (`models.build.model_config`), and where it
+    came from. ``model.path``: its ``config.json`` only (no weights). Fresh model: the
+    ``model.*`` fields with ``vocab_size`` (the tokenizer's length, which the caller supplies).
     """
     m = cfg.model
     if m.path is not None:
@@ -90,21 +89,13 @@ def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelC
             raise DryRunError(f"model.path: no config.json in {m.path!r} (only config.json is "
                               "read by a dry run; override with model.path=DIR)")
         try:
-            with open(cfg_file, encoding="utf-8") as fh:
-                hf = json.load(fh)
-            mcfg = from_hf_dict(hf, dtype=m.dtype)
+            return model_config(cfg, vocab_size), f"hf config {cfg_file}"
         except (OSError, ValueError) as e:
             raise DryRunError(f"model.path: {cfg_file}: {e}") from None
-        return ModelConfig(**{**_asdict(mcfg), "remat": m.remat}), f"hf config {cfg_file}"
     if vocab_size is None:
         raise DryRunError("model.tokenizer: needed for the vocabulary size of a fresh model, "
                           f"but {m.tokenizer!r} does not exist here")
-    mcfg = from_run_section(m, vocab_size)
-    return mcfg, "fresh (model.* fields)"
-
-
-def _asdict(mcfg: ModelConfig) -> dict[str, Any]:
-    return {f: getattr(mcfg, f) for f in mcfg.__dataclass_fields__}
+    return model_config(cfg, vocab_size), "fresh (model.* fields)"
 
 
 def _abstract_params(mcfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:

@@ -19,7 +19,6 @@ G=1 greedy for accuracy and G=k sampled for pass@k (unbiased estimator of Chen e
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -29,13 +28,12 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from sagc_jax.config import Config, load_config
 from sagc_jax.data.tokenizer import decode_completion, encode_prompt, load_tokenizer, stop_ids
-from sagc_jax.models import Transformer, from_hf_dict, from_pretrained
+from sagc_jax.models import Transformer, from_pretrained
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.rl.rewards import RewardFn, score_groups
 from sagc_jax.sampling import Sampler, SamplingConfig
@@ -140,21 +138,16 @@ def resolve_checkpoint(checkpoint: str | os.PathLike[str]) -> PolicySource:
 
 
 def _abstract_run_model(cfg: Config, tokenizer: Any) -> Transformer:
-    """The model `trainer.build_model` builds for `cfg`, as shapes only (nothing allocated)."""
-    m = cfg.model
-    if m.path is None:
-        from sagc_jax.models.build import build_model  # the trainer's recipe: they can't drift
+    """The model `build_model` builds for `cfg`, as shapes only (nothing allocated)."""
+    from sagc_jax.models.build import model_config  # the trainer's recipe: they can't drift
 
-        return nnx.eval_shape(lambda: build_model(cfg, len(tokenizer), tokenizer, None)[0])
-    hf_cfg = Path(m.path) / "config.json"
     try:
-        d = json.loads(hf_cfg.read_text())
+        mcfg = model_config(cfg, len(tokenizer), tokenizer)
     except OSError as e:
         raise CheckpointPathError(
-            f"the run was initialised from {m.path}, whose config.json (needed to know the "
-            f"architecture) cannot be read: {e.strerror}") from None
-    mcfg = from_hf_dict(d, dtype=m.dtype)
-    return nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+            f"the run was initialised from {cfg.model.path}, whose config.json (needed to know "
+            f"the architecture) cannot be read: {e.strerror}") from None
+    return nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(cfg.run.seed)))
 
 
 def _restore_params(src: PolicySource, abstract_model: Transformer,
@@ -169,18 +162,12 @@ def _restore_params(src: PolicySource, abstract_model: Transformer,
         shardings = jax.tree.map(lambda _: one, pure)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           pure, shardings)
+    from sagc_jax.checkpoint import restore_pure_params
+
     if src.kind == "initial":
-        with ocp.StandardCheckpointer() as c:
-            params = c.restore(src.path, target)
+        params = restore_pure_params(src.path, target)
     else:
-        mngr = ocp.CheckpointManager(
-            src.path.parent, options=ocp.CheckpointManagerOptions(create=False))
-        try:
-            got = mngr.restore(src.step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(target)))
-        finally:
-            mngr.close()
-        params = got["params"]
+        params = restore_pure_params(src.path.parent, target, step=src.step)
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(graphdef, state)
 
@@ -366,87 +353,95 @@ def evaluate(
     if prompt_buckets is None:
         prompt_buckets = (_round_up(max(len(p) for p in prompt_ids), 16),)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    group_sizes = tuple(sorted({1, k} - {0}))
     sampler = Sampler(model, SamplingConfig(
-        group_sizes=group_sizes, prompts_per_step=int(batch_prompts),
+        group_sizes=tuple(sorted({1, k} - {0})), prompts_per_step=int(batch_prompts),
         prompt_buckets=tuple(int(b) for b in prompt_buckets), max_new_tokens=int(max_new_tokens),
         decode_chunk=int(decode_chunk)), pad_id=int(pad_id), eos_ids=stop_ids(tokenizer),
         mesh=mesh)
-
-    n = len(exs)
-    greedy = {"correct": np.zeros(n, bool), "reward": np.zeros(n), "len": np.zeros(n, int),
-              "trunc": np.zeros(n, bool)}
-    greedy_text: list[str] = [""] * n
-    sample_correct = np.zeros((n, max(k, 1)), bool)
-    sample_reward = np.zeros((n, max(k, 1)))
-    sample_len = np.zeros((n, max(k, 1)), int)
-    sample_trunc = np.zeros((n, max(k, 1)), bool)
-    errors = 0
-    base_key = jax.random.key(seed)
-    first = reward_fns[0].name
-
-    def score(idx: list[int], g: int, completions: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        nonlocal errors
-        res = score_groups(reward_fns, [exs[i] for i in idx], g, completions, on_error=on_error)
-        errors += res.num_errors
-        return res.per_fn[first] >= correct_threshold, res.total
-
-    batches = [list(range(s, min(s + batch_prompts, n))) for s in range(0, n, batch_prompts)]
+    tally = _Tally(len(exs), k)
+    batches = [list(range(s, min(s + batch_prompts, len(exs))))
+               for s in range(0, len(exs), batch_prompts)]
     if progress:
         from tqdm.auto import tqdm
 
         batches = tqdm(batches, desc="evaluating")
+    base_key = jax.random.key(seed)
     for b, idx in enumerate(batches):
-        prompts = [prompt_ids[i] for i in idx]
         key = jax.random.fold_in(base_key, b)
         # G=1 greedy for accuracy, then G=k sampled for pass@k (k == 1 also samples at G=1).
         for g, is_greedy in [(1, True)] + ([(k, False)] if k > 0 else []):
-            out = sampler.generate(prompts, group_size=g, key=key, greedy=is_greedy,
-                                   temperature=temperature, max_new_tokens=max_new_tokens)
+            out = sampler.generate([prompt_ids[i] for i in idx], group_size=g, key=key,
+                                   greedy=is_greedy, temperature=temperature,
+                                   max_new_tokens=max_new_tokens)
             texts = [decode_completion(tokenizer, row[:ln])
                      for row, ln in zip(out.tokens, out.lengths)]
-            ok, total = score(idx, g, texts)
-            sl = np.asarray(idx)
-            if is_greedy:
-                greedy["correct"][sl], greedy["reward"][sl] = ok, total
-                greedy["len"][sl], greedy["trunc"][sl] = out.lengths, out.truncated
-                for i, t in zip(idx, texts):
-                    greedy_text[i] = t
-            else:
-                sample_correct[sl] = ok.reshape(-1, g)
-                sample_reward[sl] = total.reshape(-1, g)
-                sample_len[sl] = out.lengths.reshape(-1, g)
-                sample_trunc[sl] = out.truncated.reshape(-1, g)
-
-    result: dict[str, Any] = {
-        "num_prompts": n,
-        "num_samples": k,
-        "accuracy": float(greedy["correct"].mean()),
-        "greedy_reward_mean": float(greedy["reward"].mean()),
-        "len_mean": float(greedy["len"].mean()),
-        "len_max": int(greedy["len"].max()),
-        "truncated_frac": float(greedy["trunc"].mean()),
-    }
-    if k > 0:
-        num_correct = sample_correct.sum(axis=1)
-        result["pass@1"] = float(np.mean([pass_at_k(k, int(c), 1) for c in num_correct]))
-        result[f"pass@{k}"] = float(np.mean([pass_at_k(k, int(c), k) for c in num_correct]))
-        result.update({
-            "sample_reward_mean": float(sample_reward.mean()),
-            "sample_len_mean": float(sample_len.mean()),
-            "sample_len_max": int(sample_len.max()),
-            "sample_truncated_frac": float(sample_trunc.mean()),
-        })
-    result.update({"reward_errors": errors, "correct_reward": first,
+            res = score_groups(reward_fns, [exs[i] for i in idx], g, texts, on_error=on_error)
+            tally.add(idx, g, is_greedy, out, texts, res, reward_fns[0].name, correct_threshold)
+    result = tally.summary()
+    result.update({"reward_errors": tally.errors, "correct_reward": reward_fns[0].name,
                    "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
                    "seed": int(seed), "eval_s": time.perf_counter() - t_start})
     if details:
-        result["per_prompt"] = [
-            {"prompt": ex["prompt"], "answer": ex.get("answer"), "greedy": greedy_text[i],
-             "greedy_correct": bool(greedy["correct"][i]),
-             **({"num_correct": int(sample_correct[i].sum())} if k > 0 else {})}
-            for i, ex in enumerate(exs)]
+        result["per_prompt"] = tally.per_prompt(exs)
     return result
+
+
+class _Tally:
+    """Per-prompt outcomes of `evaluate`: greedy (G=1) and k samples per prompt."""
+
+    def __init__(self, n: int, k: int):
+        self.k = k
+        kk = max(k, 1)
+        self.greedy = {"correct": np.zeros(n, bool), "reward": np.zeros(n),
+                       "len": np.zeros(n, int), "trunc": np.zeros(n, bool)}
+        self.greedy_text = [""] * n
+        self.sample = {"correct": np.zeros((n, kk), bool), "reward": np.zeros((n, kk)),
+                       "len": np.zeros((n, kk), int), "trunc": np.zeros((n, kk), bool)}
+        self.errors = 0
+
+    def add(self, idx: list[int], g: int, is_greedy: bool, out: Any, texts: list[str], res: Any,
+            first: str, threshold: float) -> None:
+        self.errors += res.num_errors
+        ok = res.per_fn[first] >= threshold
+        sl = np.asarray(idx)
+        if is_greedy:
+            gr = self.greedy
+            gr["correct"][sl], gr["reward"][sl] = ok, res.total
+            gr["len"][sl], gr["trunc"][sl] = out.lengths, out.truncated
+            for i, t in zip(idx, texts):
+                self.greedy_text[i] = t
+        else:
+            for key, v in (("correct", ok), ("reward", res.total), ("len", out.lengths),
+                           ("trunc", out.truncated)):
+                self.sample[key][sl] = np.asarray(v).reshape(-1, g)
+
+    def summary(self) -> dict[str, Any]:
+        gr, sm, k = self.greedy, self.sample, self.k
+        result: dict[str, Any] = {
+            "num_prompts": len(gr["correct"]), "num_samples": k,
+            "accuracy": float(gr["correct"].mean()),
+            "greedy_reward_mean": float(gr["reward"].mean()),
+            "len_mean": float(gr["len"].mean()), "len_max": int(gr["len"].max()),
+            "truncated_frac": float(gr["trunc"].mean()),
+        }
+        if k > 0:
+            num_correct = sm["correct"].sum(axis=1)
+            result["pass@1"] = float(np.mean([pass_at_k(k, int(c), 1) for c in num_correct]))
+            result[f"pass@{k}"] = float(np.mean([pass_at_k(k, int(c), k) for c in num_correct]))
+            result.update({
+                "sample_reward_mean": float(sm["reward"].mean()),
+                "sample_len_mean": float(sm["len"].mean()),
+                "sample_len_max": int(sm["len"].max()),
+                "sample_truncated_frac": float(sm["trunc"].mean()),
+            })
+        return result
+
+    def per_prompt(self, exs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"prompt": ex["prompt"], "answer": ex.get("answer"),
+                 "greedy": self.greedy_text[i],
+                 "greedy_correct": bool(self.greedy["correct"][i]),
+                 **({"num_correct": int(self.sample["correct"][i].sum())} if self.k > 0 else {})}
+                for i, ex in enumerate(exs)]
 
 
 def greedy_accuracy(sampler: Sampler, tokenizer: Any, examples: Sequence[Mapping[str, Any]],

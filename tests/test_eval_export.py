@@ -21,7 +21,6 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from sagc_jax.models.build import build_model
 
 from sagc_jax import checkpoint as ckpt
 from sagc_jax.cli import main
@@ -39,6 +38,7 @@ from sagc_jax.evaluate import (
     resolve_checkpoint,
 )
 from sagc_jax.export import export
+from sagc_jax.models.build import build_model
 from sagc_jax.rl.rewards import RewardFn
 
 K, BATCH, NEW, CHUNK = 3, 3, 16, 8
