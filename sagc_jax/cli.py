@@ -237,6 +237,36 @@ def _compare(argv: list[str]) -> int:
     return 0
 
 
+def dry_run_main(argv: list[str] | None = None) -> int:
+    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]``."""
+    p = argparse.ArgumentParser(
+        prog="python -m sagc_jax.dryrun",
+        description="Dry run: validate a config against a mesh and estimate per-device memory, "
+                    "with no weights.")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--num-devices", type=int, help="target device count (default: this machine)")
+    p.add_argument("--num-processes", type=int, help="target host count")
+    p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    args = p.parse_intermixed_args(argv)
+    import json
+
+    from sagc_jax.config import ConfigError, load_config
+    from sagc_jax.dryrun import DryRunError, dry_run, format_report
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
+        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
+                         device_memory_bytes=mem)
+    except (ConfigError, DryRunError) as e:
+        print(f"dry run: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
 COMMANDS = {
     "train": (_train, "train a policy with GRPO + SAGC"),
     "simulate": (_simulate, "compare SAGC with static group sizes on a workload model or trace"),

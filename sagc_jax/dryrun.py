@@ -25,8 +25,6 @@ Sampling and the update do not overlap, so peak = static + max(sampler peak, tra
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
@@ -402,28 +400,11 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]``."""
-    p = argparse.ArgumentParser(prog="python -m sagc_jax.dryrun", description=__doc__.split(
-        "\n")[0])
-    p.add_argument("--config", help="YAML config file")
-    p.add_argument("--num-devices", type=int, help="target device count (default: this machine)")
-    p.add_argument("--num-processes", type=int, help="target host count")
-    p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-    args = p.parse_intermixed_args(argv)
-    from sagc_jax.config import load_config
+    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]`` (arguments
+    and exit codes live in `sagc_jax.cli`)."""
+    from sagc_jax.cli import dry_run_main
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
-        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
-                         device_memory_bytes=mem)
-    except (ConfigError, DryRunError) as e:
-        print(f"dry run: error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=1) if args.json else format_report(report))
-    return 0 if report["ok"] else 1
+    return dry_run_main(argv)
 
 
 if __name__ == "__main__":
