@@ -746,7 +746,7 @@ class Trainer:
             "padding_waste": int(ro.stats["padding_waste"]),
             "decode_steps": int(ro.stats["decode_steps"]), "train_len": n, "prompt_len": lp,
             "lr": float(self.lr_schedule(step)),
-            **{k: m[k] for k in ("loss", "pg_loss", "kl", "grad_norm", "clip_frac",
+            **{k: m[k] for k in ("loss", "pg_loss", "kl", "grad_norm", "clip_ratio",
                                  "ratio_mean", "adv_abs_mean") if k in m},
             **sagc_m,
             "prefill_s": ro.stats["prefill_s"], "decode_s": ro.stats["decode_s"],

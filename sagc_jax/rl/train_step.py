@@ -23,8 +23,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from sagc_jax.models.sharding import batch_sharding, replicated
-from sagc_jax.rl.advantages import group_advantages
-from sagc_jax.rl.losses import policy_loss, token_logprobs
+from sagc_jax.rl.advantages import DEFAULT_ADV_EPS, group_advantages, scored_rows
+from sagc_jax.rl.losses import METRICS, loss_norms, policy_loss, token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,7 @@ class LossSettings:
     beta: float = 0.0
     kl_estimator: str = "k3"
     advantage: str = "grpo"
-    adv_eps: float = 1e-6
+    adv_eps: float = DEFAULT_ADV_EPS
     temperature: float = 1.0
     max_tokens: int = 128  # Dr. GRPO's constant normaliser (max_new_tokens)
 
@@ -92,18 +92,20 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             logp, mb["old_logprobs"], mb["advantages"], mask,
             epsilon=s.epsilon, epsilon_high=s.epsilon_high, loss_agg=s.loss_agg,
             ref_logprobs=mb["ref_logprobs"] if s.beta > 0 else None, beta=s.beta,
-            kl_estimator=s.kl_estimator, total_tokens=norms[0], total_seqs=norms[1],
-            max_tokens=s.max_tokens)
+            kl_estimator=s.kl_estimator, norms=norms, max_tokens=s.max_tokens)
 
     def step(params, opt_state, batch):
+        scale = "none" if s.advantage == "dr_grpo" else "group"
         adv = group_advantages(batch["rewards"], batch["group_ids"], batch["valid"],
-                               num_groups=num_groups, kind=s.advantage, eps=s.adv_eps)
+                               num_groups=num_groups, scale=scale, eps=s.adv_eps)
+        # Unscored rows (NaN reward: every reward function returned None) leave the loss too.
+        scored = scored_rows(batch["rewards"], batch["valid"])
+        loss_rows = batch["loss_rows"] & scored
         n = batch["old_logprobs"].shape[1]
-        mask = _completion_mask(batch["lengths"], batch["loss_rows"], n)
-        norms = (mask.sum().astype(jnp.float32),
-                 (mask.sum(-1) > 0).sum().astype(jnp.float32))
+        norms = loss_norms(_completion_mask(batch["lengths"], loss_rows, n), scored.sum())
         data = {k: batch[k] for k in BATCH_FIELDS if k not in ("rewards", "group_ids", "valid")}
         data["advantages"] = adv
+        data["loss_rows"] = loss_rows
         split = jax.tree.map(lambda x: x.reshape(micro_batches, -1, *x.shape[1:]), data)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -114,8 +116,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                     jax.tree.map(jnp.add, metrics, m)), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        zero_m = {k: jnp.zeros((), jnp.float32) for k in ("pg_loss", "kl", "clip_frac",
-                                                          "ratio_mean")}
+        zero_m = {k: jnp.zeros((), jnp.float32) for k in METRICS if k != "entropy"}
         (grads, loss, metrics), _ = jax.lax.scan(
             accumulate, (zeros, jnp.zeros((), jnp.float32), zero_m), split)
         grad_norm = optax.tree.norm(grads)
@@ -127,7 +128,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
                    "finite": finite.astype(jnp.float32),
                    "adv_abs_mean": (jnp.abs(adv) * valid).sum() / jnp.maximum(valid.sum(), 1.0),
-                   "loss_tokens": norms[0]}
+                   "loss_tokens": norms.tokens}
         return keep(new_params, params), keep(new_opt, opt_state), metrics
 
     return step
