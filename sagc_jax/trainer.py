@@ -181,7 +181,8 @@ class Trainer:
         self.steps = CompiledSteps(
             self.graphdef, self.optimizer,
             LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon_high, loss_agg=a.loss_agg,
-                         beta=a.beta, kl_estimator=a.kl_estimator, advantage=a.advantage,
+                         beta=a.beta, kl_estimator=a.kl_estimator,
+                         scale_rewards="none" if a.advantage == "dr_grpo" else "group",
                          adv_eps=a.adv_eps, temperature=s.temperature,
                          max_tokens=s.max_new_tokens),
             self.mesh, self.param_shardings, self.opt_shardings, a.micro_batch_rows)
