@@ -180,10 +180,12 @@ class Trainer:
         a = cfg.algo
         self.steps = CompiledSteps(
             self.graphdef, self.optimizer,
-            LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon_high, loss_agg=a.loss_agg,
+            LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon_high, clip_delta=a.clip_delta,
+                         importance_sampling=a.importance_sampling, loss_agg=a.loss_agg,
                          beta=a.beta, kl_estimator=a.kl_estimator,
-                         scale_rewards="none" if a.advantage == "dr_grpo" else "group",
-                         adv_eps=a.adv_eps, temperature=s.temperature,
+                         kl_bias_correction=a.kl_bias_correction, scale_rewards=a.scale_rewards,
+                         std_ddof=a.std_ddof, adv_eps=a.adv_eps,
+                         top_entropy_quantile=a.top_entropy_quantile, temperature=s.temperature,
                          max_tokens=s.max_new_tokens),
             self.mesh, self.param_shardings, self.opt_shardings, a.micro_batch_rows)
         self.ref_params = None
@@ -748,7 +750,8 @@ class Trainer:
             "decode_steps": int(ro.stats["decode_steps"]), "train_len": n, "prompt_len": lp,
             "lr": float(self.lr_schedule(step)),
             **{k: m[k] for k in ("loss", "pg_loss", "kl", "grad_norm", "clip_ratio",
-                                 "ratio_mean", "adv_abs_mean") if k in m},
+                                 "ratio_mean", "adv_abs_mean", "entropy",
+                                 "frac_reward_zero_std") if k in m},
             **sagc_m,
             "prefill_s": ro.stats["prefill_s"], "decode_s": ro.stats["decode_s"],
             "reward_s": ro.stats["reward_s"], "rollout_s": rollout_s, "train_s": train_s,
