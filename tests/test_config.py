@@ -320,3 +320,44 @@ def test_sagc_section_declared_once() -> None:
         with pytest.raises(ConfigError) as exc:
             parse_sim_config({"sagc": bad})
         assert str(exc.value) == msg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["algo.importance_sampling=seq"],
+            "algo.importance_sampling: must be one of 'token', 'sequence', got 'seq'",
+        ),
+        (
+            ["algo.scale_rewards=std"],
+            "algo.scale_rewards: must be one of 'group', 'batch', 'none', got 'std'",
+        ),
+        (["algo.std_ddof=2"], "algo.std_ddof: must be in [0, 1], got 2"),
+        (["algo.std_ddof=true"], "algo.std_ddof: expected int, got True"),
+        (["algo.kl_bias_correction=1"], "algo.kl_bias_correction: expected bool, got 1"),
+        (["algo.clip_delta=0.5"], "algo.clip_delta: must be > 1, got 0.5"),
+        (
+            ["algo.clip_delta=1.2"],
+            "algo.clip_delta: must be > 1 + algo.epsilon_high (1.28), got 1.2",
+        ),
+        (
+            ["algo.top_entropy_quantile=1.5"],
+            "algo.top_entropy_quantile: must be in [0, 1], got 1.5",
+        ),
+        (["algo.advantage=dr_grpo"], "unknown key 'algo.advantage'"),
+    ],
+)
+def test_algo_option_errors(overrides: list[str], expected: str) -> None:
+    assert _err(overrides).startswith(expected)
+
+
+def test_algo_options_load() -> None:
+    cfg = load_config(None, ["algo.importance_sampling=sequence", "algo.scale_rewards=none",
+                             "algo.std_ddof=1", "algo.kl_bias_correction=true",
+                             "algo.clip_delta=3", "algo.top_entropy_quantile=0.2"])
+    a = cfg.algo
+    assert (a.importance_sampling, a.scale_rewards, a.std_ddof) == ("sequence", "none", 1)
+    assert a.kl_bias_correction is True and a.clip_delta == 3.0 and a.top_entropy_quantile == 0.2
+    default = load_config(None, []).algo
+    assert default.adv_eps == 1e-4 and default.clip_delta is None and default.std_ddof == 0

@@ -105,7 +105,7 @@ def test_micro_batches_accumulate_exactly(single):
 
 def test_nonfinite_loss_leaves_state_unchanged():
     batch = _batch()
-    batch["rewards"][3] = np.nan  # one poisoned reward makes its group's advantages NaN
+    batch["ref_logprobs"][3, 0] = np.inf  # an infinite k3 KL on a loss token (beta > 0)
     params0 = nnx.state(Transformer(CFG, rngs=nnx.Rngs(0)))
     params, metrics = _run((1, 1, 1), batch, steps=1)
     assert metrics[0]["finite"] == 0.0
@@ -113,12 +113,78 @@ def test_nonfinite_loss_leaves_state_unchanged():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+# Every new algo option at once: GSPO ratios, two-sided clip, bias-corrected KL, batch-scaled
+# advantages with the unbiased std, 80/20 entropy masking, Dr. GRPO aggregation.
+ALL_OPTIONS = dataclasses.replace(
+    SETTINGS, importance_sampling="sequence", clip_delta=1.5, kl_bias_correction=True,
+    scale_rewards="batch", std_ddof=1, top_entropy_quantile=0.5,
+    loss_agg="seq-mean-token-sum-norm")
+
+
+def _all_options_batch():
+    batch = _batch(5)
+    batch["rewards"][2] = np.nan  # a row every reward function scored None
+    batch["loss_rows"][7] = False  # a truncation-masked row
+    return batch
+
+
+@pytest.fixture(scope="module")
+def all_options():
+    return _run((1, 1, 1), _all_options_batch(), settings=ALL_OPTIONS)
+
+
+def test_all_options_accumulate_exactly_over_mu_steps(all_options):
+    """4 micro-batches == 1 batch with every option on, over 2 updates on the same rollouts
+    (μ = 2: the second update is off-policy): the entropy threshold and normalisers are the
+    full batch's."""
+    p1, m1 = all_options
+    p_mb, m_mb = _run((1, 1, 1), _all_options_batch(), settings=ALL_OPTIONS, micro_rows=4)
+    for x, y in zip(m1, m_mb):
+        assert x["finite"] == 1.0
+        for k in ("loss", "grad_norm", "entropy", "clip_ratio", "frac_reward_zero_std", "kl"):
+            assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), k
+    assert m1[1]["ratio_mean"] != pytest.approx(1.0, abs=1e-4)  # really off-policy at step 2
+    # Adam divides by sqrt(v): f32 summation-order noise in a near-zero gradient entry shows up
+    # as a sizeable fraction of one step (lr = 1e-2), hence 5e-5.
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p_mb)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=1e-4)
+
+
+def test_all_options_sharded_matches_single_device(all_options):
+    p1, m1 = all_options
+    p4, m4 = _run((2, 2, 1), _all_options_batch(), settings=ALL_OPTIONS)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):  # atol: see the test above
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=1e-4)
+    assert m4[0]["loss"] == pytest.approx(m1[0]["loss"], abs=1e-5)
+
+
+def test_unscored_row_is_padding_for_the_update(single):
+    """A NaN reward (all reward functions returned None) updates exactly like a padding row."""
+    nan_batch, pad_batch = _batch(), _batch()
+    nan_batch["rewards"][5] = np.nan
+    pad_batch["valid"][5] = pad_batch["loss_rows"][5] = False
+    p_nan, m_nan = _run((1, 1, 1), nan_batch, steps=1)
+    p_pad, _ = _run((1, 1, 1), pad_batch, steps=1)
+    assert m_nan[0]["finite"] == 1.0
+    for a, b in zip(jax.tree.leaves(p_nan), jax.tree.leaves(p_pad)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _, m1 = single  # ... and not like scoring the row
+    assert m_nan[0]["loss"] != pytest.approx(m1[0]["loss"], abs=1e-6)
+
+
+def test_metrics_rows(single):
+    _, m = single
+    assert 0.0 < m[0]["entropy"] <= np.log(CFG.vocab_size) + 1e-4  # nats, at most uniform
+    assert 0.0 <= m[0]["frac_reward_zero_std"] <= 1.0
+    assert m[1]["clip_ratio"] >= m[1]["clip_ratio_low"] + m[1]["clip_ratio_high"] - 1e-7
+
+
 def test_loss_changes_with_settings(single):
     """Sanity: the clip range is really wired in (a tiny clip range changes the loss)."""
     _, m1 = single
     s = dataclasses.replace(SETTINGS, epsilon=0.01, epsilon_high=0.01)
     _, m2 = _run((1, 1, 1), _batch(), settings=s)
-    assert m2[0]["clip_frac"] > m1[0]["clip_frac"] + 0.1
+    assert m2[0]["clip_ratio"] > m1[0]["clip_ratio"] + 0.1
 
 
 def test_update_moves_probability_toward_rewarded_tokens():

@@ -230,3 +230,33 @@ def test_simulate_replays_a_real_trace(reference_run, tmp_path):
     res = json.loads(out.read_text())
     assert {"static-2", "static-4", "sagc"} <= set(res["policies"])
     assert 2 <= res["policies"]["sagc"]["mean_group_size"] <= 4
+
+
+def test_new_algo_options_train(tmp_path):
+    """`train ... algo.importance_sampling=sequence` with every other new algo key, micro-batches,
+    μ = 2 and a reward that scores every other completion None, on the tiny model: it trains,
+    and writes the new metric columns."""
+    mod = tmp_path / "half_none_reward.py"
+    mod.write_text("def half_none(prompts, completions, **kw):\n"
+                   "    return [None if i % 2 else float(len(c) % 3 == 0)\n"
+                   "            for i, c in enumerate(completions)]\n")
+    run_dir = tmp_path / "run"
+    sys.path.insert(0, str(tmp_path))
+    try:
+        code = main(["train", *TINY, f"run.dir={run_dir}", "run.steps=2", "init.sft_steps=0",
+                     "sagc.group_sizes=[4]", "checkpoint.every=0",
+                     "rewards=[{name: 'half_none_reward:half_none', weight: 1.0}]",
+                     "algo.importance_sampling=sequence", "algo.epsilon=3e-4",
+                     "algo.epsilon_high=4e-4", "algo.clip_delta=1.5", "algo.scale_rewards=batch",
+                     "algo.std_ddof=1", "algo.beta=0.01", "algo.kl_bias_correction=true",
+                     "algo.top_entropy_quantile=0.2", "algo.micro_batch_rows=8",
+                     "algo.num_iterations=2"])
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert code == 0
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
+        assert 0 < r["entropy"] < np.inf  # nats
+        assert 0 <= r["frac_reward_zero_std"] <= 1 and 0 <= r["clip_ratio"] <= 1

@@ -190,7 +190,7 @@ class SamplingSection(Section):
 
 
 class AlgoConfig(Section):
-    """GRPO / DAPO / Dr. GRPO objective."""
+    """GRPO / DAPO / Dr. GRPO / GSPO objective (docs/algorithms.md)."""
 
     section_key = "algo"
     beta: Float = field(0.0, "KL weight; 0 = no reference model.", ge=0)
@@ -203,10 +203,27 @@ class AlgoConfig(Section):
         "token-mean", "How per-token losses are aggregated."
     )
     num_iterations: Int = field(1, "Optimisation passes (mu) per batch of rollouts.", ge=1)
-    advantage: Literal["grpo", "dr_grpo"] = field(
-        "grpo", "grpo: (r - mean) / (std + eps); dr_grpo: r - mean."
+    importance_sampling: Literal["token", "sequence"] = field(
+        "token", "Importance ratio per token (GRPO) or per sequence, length-normalised (GSPO)."
     )
-    adv_eps: Float = field(1e-6, "Epsilon added to the group std.", gt=0)
+    clip_delta: Float | None = field(
+        None, "Two-sided clipping: cap of the unclipped ratio (> 1 + epsilon_high); None = off.",
+        gt=1,
+    )
+    kl_bias_correction: Bool = field(
+        False, "Multiply the KL estimate by the token ratio (DeepSeek-V3.2 unbiased estimator)."
+    )
+    scale_rewards: Literal["group", "batch", "none"] = field(
+        "group", "Advantage (r - group mean) / std of the group, of the batch, or none (Dr. GRPO)."
+    )
+    std_ddof: Int = field(
+        0, "Reward std estimator: 0 population, 1 unbiased (TRL).", ge=0, le=1
+    )
+    adv_eps: Float = field(1e-4, "Epsilon added to the reward std (TRL's 1e-4).", gt=0)
+    top_entropy_quantile: Float = field(
+        1.0, "Policy loss only on the top fraction of tokens by entropy (0.2 in the 80/20 "
+        "paper); 1 = all.", ge=0, le=1,
+    )
     micro_batch_rows: Int | None = field(
         None, "Rows per gradient-accumulation micro-batch; None = whole batch.", ge=1
     )
@@ -225,6 +242,11 @@ class AlgoConfig(Section):
         if self.epsilon_high < self.epsilon:
             raise rule_error(
                 "epsilon_high", f"must be >= algo.epsilon ({self.epsilon}), got {self.epsilon_high}"
+            )
+        if self.clip_delta is not None and self.clip_delta <= 1 + self.epsilon_high:
+            raise rule_error(
+                "clip_delta",
+                f"must be > 1 + algo.epsilon_high ({1 + self.epsilon_high}), got {self.clip_delta}",
             )
         return self
 

@@ -36,8 +36,10 @@ def make_batch(ro: Any, *, prompt_len: int, completion_len: int, num_groups: int
     """The train batch of rollout `ro` (a `rollout.Rollout`, this process's rows).
 
     Truncated completions are left out of the loss with `mask_truncated` (DAPO); rows of dropped
-    groups (`ro.valid` False) are in neither the loss nor the advantages. Group ids are global
-    (this process's rows start at `ro.row_offset`).
+    groups (`ro.valid` False) are in neither the loss nor the advantages, and neither are rows
+    every reward function scored None (`ro.scored` False): their reward is NaN, which the train
+    step reads as "not scored". Group ids are global (this process's rows start at
+    `ro.row_offset`).
     """
     g = ro.group_size
     rows = len(ro.lengths)
@@ -49,12 +51,14 @@ def make_batch(ro: Any, *, prompt_len: int, completion_len: int, num_groups: int
         tokens[r, lp - len(ids):lp] = ids
         pad[r] = lp - len(ids)
     tokens[:, lp:] = ro.tokens[:, :n]
+    scored = getattr(ro, "scored", None)
+    rewards = ro.rewards if scored is None else np.where(scored, ro.rewards, np.float32(np.nan))
     loss_rows = ro.valid.copy()
     if mask_truncated:
         loss_rows &= ~ro.truncated
     arrays = {"tokens": tokens, "prompt_pad": pad, "lengths": ro.lengths.astype(np.int32),
               "old_logprobs": ro.logprobs[:, :n].astype(np.float32),
-              "ref_logprobs": np.zeros((rows, n), np.float32), "rewards": ro.rewards,
+              "ref_logprobs": np.zeros((rows, n), np.float32), "rewards": rewards,
               "group_ids": ((ro.row_offset + np.arange(rows)) // g).astype(np.int32),
               "valid": ro.valid, "loss_rows": loss_rows}
     return TrainBatch(arrays, lp, n, num_groups)

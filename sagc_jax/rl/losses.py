@@ -1,26 +1,68 @@
-"""GRPO / DAPO / Dr. GRPO policy loss and token log-probabilities.
+"""GRPO / DAPO / Dr. GRPO / GSPO policy loss, token log-probabilities and entropies.
+
+Per token ``t`` of completion ``i`` (advantage ``A_i``, importance weight ``w``)::
+
+    pg   = −min(min(w, δ)·A_i, clip(w, 1−ε, 1+ε_high)·A_i)   × entropy mask (optional)
+    loss = pg + β·KL_t                                       then aggregated (``loss_agg``)
+
+Importance weight ``w`` (``importance_sampling``):
+  * ``"token"`` (GRPO/DAPO): ``w = π_θ(y_t)/π_old(y_t)``.
+  * ``"sequence"`` (GSPO, Zheng et al. 2025): ``s_i = exp(mean_t log(π_θ(y_t)/π_old(y_t)))``,
+    the length-normalised sequence ratio, in the paper's GSPO-token form
+    ``w = sg[s_i] · π_θ(y_t)/sg[π_θ(y_t)]``: the value (and so every clip decision) is ``s_i``, the
+    gradient of token t is ``s_i·∇log π_θ(y_t)``. Summed over a sequence this equals the gradient
+    of GSPO's sequence objective for every aggregation here (their weights are constant within a
+    sequence); it differs from TRL's broadcast ``[R, 1]`` form only where tokens are masked
+    individually (``top_entropy_quantile``): here a masked token contributes nothing.
+
+``δ`` (``clip_delta``, INTELLECT-2's two-sided clipping) caps the unclipped branch, so a token with
+``A < 0`` and a huge ratio no longer dominates the loss. KL to the reference, ``d = ref − logp``:
+``k1 = −d``, ``k3 = e^d − d − 1`` (DeepSeekMath); with ``kl_bias_correction`` it is multiplied by
+the *token* ratio ``π_θ/π_old`` (DeepSeek-V3.2's unbiased estimator under off-policy samples,
+TRL's ``use_bias_correction_kl``; TRL multiplies by its sequence weight under GSPO).
 
 Gradient accumulation is exact by construction: every aggregation divides a *sum over this batch*
-by normalisers (``total_tokens``, ``total_seqs``, ``max_tokens``) that the caller computes once
-over the FULL batch. The full-batch loss is then the plain sum of micro-batch losses, and so is its
-gradient — no reweighting of micro-batches by their token counts is needed. The returned metrics
-use the same normalisers, so they also sum across micro-batches.
-
-Normalisers must be computed from the final mask (after padding and e.g. DAPO truncation masking):
-``total_tokens = mask.sum()``, ``total_seqs = (mask.sum(-1) > 0).sum()`` (or the row count, to
-match TRL, which counts fully-masked rows too).
+by normalisers (:class:`LossNorms`) the caller computes once over the FULL batch; the full-batch
+loss, its gradient and the metrics are then plain sums over micro-batches. The entropy threshold
+of ``top_entropy_quantile`` is likewise a full-batch quantity (:func:`entropy_threshold`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k3"]
-_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ImportanceSampling = Literal["token", "sequence"]
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+IMPORTANCE_SAMPLING = ("token", "sequence")
+METRICS = ("pg_loss", "kl", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "ratio_mean",
+           "entropy")
+
+
+class LossNorms(NamedTuple):
+    """Full-batch normalisers (f32 scalars), so micro-batch losses sum to the full-batch loss.
+
+    tokens: Σ of the loss mask (token-mean, and every token-mean metric).
+    seqs:   sequences with ≥1 loss token (seq-mean-token-mean: a mean over the kept sequences).
+    rows:   sampled rows: every scored row, truncation-masked ones included (Dr. GRPO's constant:
+            its normaliser must not depend on how many completions were truncated).
+    """
+
+    tokens: jax.Array
+    seqs: jax.Array
+    rows: jax.Array
+
+
+def loss_norms(mask: jax.Array, rows: jax.Array | float) -> LossNorms:
+    """:class:`LossNorms` of a full batch: ``mask [R, T]`` the final loss mask (padding, EOS,
+    truncation masking and unscored rows applied), ``rows`` the number of scored rows."""
+    tok = mask.astype(jnp.float32).sum(-1)
+    return LossNorms(tokens=tok.sum(), seqs=(tok > 0).sum().astype(jnp.float32),
+                     rows=jnp.asarray(rows, jnp.float32))
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1.0) -> jax.Array:
@@ -38,12 +80,50 @@ def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1
     Returns:
         ``f32[R, T]`` log-probabilities (nats).
     """
+    return token_logprobs_and_entropy(logits, targets, temperature, entropy=False)[0]
+
+
+def token_logprobs_and_entropy(
+    logits: jax.Array, targets: jax.Array, temperature: float = 1.0, *, entropy: bool = True
+) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`token_logprobs` plus the entropy of each position's distribution.
+
+    Returns:
+        ``(logp f32[R, T], H f32[R, T] | None)``: ``H = −Σ_v p_v log p_v`` (nats) of
+        ``softmax(logits / temperature)``, under ``stop_gradient`` (a statistic and a mask input,
+        never differentiated); None when ``entropy=False``.
+    """
     if isinstance(temperature, (int, float)) and temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     scaled = logits.astype(jnp.float32) / temperature
     lse = jax.nn.logsumexp(scaled, axis=-1)
     picked = jnp.take_along_axis(scaled, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return picked - lse
+    ent = None
+    if entropy:
+        z = jax.lax.stop_gradient(scaled)
+        lse_sg = jax.lax.stop_gradient(lse)
+        # H = lse − Σ p·z with p = exp(z − lse): one more pass over [R, T, V], no log p tensor.
+        ent = lse_sg - (jnp.exp(z - lse_sg[..., None]) * z).sum(-1)
+    return picked - lse, ent
+
+
+def entropy_threshold(entropy: jax.Array, mask: jax.Array, top_quantile: float) -> jax.Array:
+    """Entropy at quantile ``1 − top_quantile`` of the masked tokens (linear interpolation, as
+    ``torch.quantile``); tokens at or above it are kept by ``top_entropy_quantile`` masking
+    ("Beyond the 80/20 rule", Wang et al. 2025). Call on the FULL batch.
+
+    Args:
+        entropy: ``f32[R, T]`` token entropies (nats).
+        mask: ``[R, T]`` loss mask.
+        top_quantile: fraction of tokens to keep, in [0, 1]; 1 keeps all, 0 only the maximum.
+
+    Returns:
+        ``f32[]`` threshold (nats); NaN when the mask is empty (then no token is kept).
+    """
+    if not 0.0 <= top_quantile <= 1.0:
+        raise ValueError(f"entropy_threshold: top_quantile must be in [0, 1], got {top_quantile}")
+    vals = jnp.where(mask.astype(bool), entropy.astype(jnp.float32), jnp.nan)
+    return jnp.nanquantile(vals.reshape(-1), 1.0 - top_quantile)
 
 
 def policy_loss(
@@ -54,98 +134,127 @@ def policy_loss(
     *,
     epsilon: float = 0.2,
     epsilon_high: float | None = None,
+    clip_delta: float | None = None,
+    importance_sampling: ImportanceSampling = "token",
     loss_agg: LossAgg = "token-mean",
     ref_logprobs: jax.Array | None = None,
     beta: float = 0.0,
     kl_estimator: KLEstimator = "k3",
-    total_tokens: jax.Array | float | None = None,
-    total_seqs: jax.Array | float | None = None,
+    kl_bias_correction: bool = False,
+    entropy: jax.Array | None = None,
+    entropy_min: jax.Array | float | None = None,
+    norms: LossNorms | None = None,
     max_tokens: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped-surrogate policy loss with clip-higher, optional KL to a reference, and aggregation.
-
-    Per token: ``−min(ρ·A, clip(ρ, 1−ε, 1+ε_high)·A) + β·KL``, ``ρ = exp(logp − old_logp)``.
+    """Clipped-surrogate policy loss (module docstring) with KL, entropy masking and aggregation.
 
     Args:
         logprobs: ``f32[R, T]`` current-policy log-probs of the sampled tokens (nats); the
             differentiable input.
         old_logprobs: ``f32[R, T]`` log-probs under the sampling policy (treated as constants).
         advantages: ``f32[R]`` per-sequence advantage, broadcast over tokens.
-        mask: ``[R, T]`` completion-token weights (bool or {0,1} float): 1 on completion tokens,
-            0 on prompt/padding/after EOS. Masked positions may hold any value (even ±inf/NaN).
+        mask: ``[R, T]`` completion-token weights (bool or {0,1} float): 1 on loss tokens, 0 on
+            padding / after EOS / masked rows. Masked positions may hold any value (even ±inf/NaN).
         epsilon: lower clip ε (ratio floor ``1 − ε``).
         epsilon_high: upper clip ε_high (ratio ceiling ``1 + ε_high``; DAPO clip-higher). None → ε.
-        loss_agg: ``"token-mean"`` Σ_tokens / total_tokens (DAPO);
-            ``"seq-mean-token-mean"`` Σ_seq (Σ_tok / len_seq) / total_seqs (original GRPO);
-            ``"seq-mean-token-sum-norm"`` Σ_tokens / (total_seqs · max_tokens) (Dr. GRPO).
+        clip_delta: δ > 1, cap of the unclipped branch (two-sided clipping); None = off.
+        importance_sampling: ``"token"`` or ``"sequence"`` (GSPO).
+        loss_agg: ``"token-mean"`` Σ_tokens / norms.tokens (DAPO);
+            ``"seq-mean-token-mean"`` Σ_seq (Σ_tok / len_seq) / norms.seqs (original GRPO);
+            ``"seq-mean-token-sum-norm"`` Σ_tokens / (norms.rows · max_tokens) (Dr. GRPO).
         ref_logprobs: ``f32[R, T]`` reference-policy log-probs, or None.
-        beta: KL coefficient; a static Python float. KL is skipped entirely (not computed) when
-            ``beta == 0`` or ``ref_logprobs is None``.
-        kl_estimator: ``"k1"``: ``logp − ref``; ``"k3"``: ``exp(ref − logp) − (ref − logp) − 1``.
-        total_tokens: Σ mask over the FULL batch (not this micro-batch). None → this batch's.
-        total_seqs: number of sequences in the FULL batch. None → rows of this batch with ≥1 token.
-        max_tokens: Dr. GRPO's constant length normaliser (usually ``max_new_tokens``).
-            None → ``T``.
+        beta: KL coefficient, a static Python float; the KL is not computed when ``beta == 0``
+            or ``ref_logprobs is None``.
+        kl_estimator: ``"k1"`` or ``"k3"``.
+        kl_bias_correction: multiply the KL estimate by the token ratio (DeepSeek-V3.2).
+        entropy: ``f32[R, T]`` token entropies (nats) for the ``entropy`` metric, or None.
+        entropy_min: keep the policy-gradient term only on tokens with ``entropy >= entropy_min``
+            (:func:`entropy_threshold`); the KL term stays on every token. None = no masking.
+        norms: full-batch :class:`LossNorms`; None → this batch's, with every row counted.
+        max_tokens: Dr. GRPO's constant length normaliser (``max_new_tokens``). None → ``T``.
 
     Returns:
-        ``(loss, metrics)``: scalar loss, and scalar metrics ``pg_loss`` (surrogate part, same
-        aggregation), ``kl`` (token-mean), ``clip_frac`` (fraction of tokens whose gradient the
-        clip zeroes), ``ratio_mean`` (token-mean ρ). Token-means divide by ``total_tokens``.
+        ``(loss, metrics)``: scalar loss and scalar metrics (all token-means over
+        ``norms.tokens``, so they sum over micro-batches): ``pg_loss`` (the surrogate, same
+        aggregation as the loss), ``kl``, ``clip_ratio`` (tokens whose surrogate gradient a clip
+        zeroes: low, high or δ), ``clip_ratio_low`` / ``clip_ratio_high`` (TRL's definitions),
+        ``ratio_mean`` (mean importance weight), and ``entropy`` when given.
     """
-    if loss_agg not in _AGGS:
-        raise ValueError(f"loss_agg must be one of {_AGGS}, got {loss_agg!r}")
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"policy_loss: loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    if importance_sampling not in IMPORTANCE_SAMPLING:
+        raise ValueError(f"policy_loss: importance_sampling must be one of {IMPORTANCE_SAMPLING}, "
+                         f"got {importance_sampling!r}")
     if kl_estimator not in ("k1", "k3"):
-        raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
+        raise ValueError(f"policy_loss: kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
+    if clip_delta is not None and clip_delta <= 1.0:
+        raise ValueError(f"policy_loss: clip_delta must be > 1, got {clip_delta}")
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
 
     m = mask.astype(jnp.float32)
     keep = m > 0
     tok_per_seq = m.sum(axis=-1)  # [R]
-    if total_tokens is None:
-        total_tokens = tok_per_seq.sum()
-    if total_seqs is None:
-        total_seqs = (tok_per_seq > 0).sum().astype(jnp.float32)
+    if norms is None:
+        norms = loss_norms(m, m.shape[0])
+    n_tok = jnp.maximum(jnp.asarray(norms.tokens, jnp.float32), 1.0)
+    n_seq = jnp.maximum(jnp.asarray(norms.seqs, jnp.float32), 1.0)
+    n_row = jnp.maximum(jnp.asarray(norms.rows, jnp.float32), 1.0)
     if max_tokens is None:
         max_tokens = logprobs.shape[-1]
-    total_tokens = jnp.maximum(jnp.asarray(total_tokens, jnp.float32), 1.0)
-    total_seqs = jnp.maximum(jnp.asarray(total_seqs, jnp.float32), 1.0)
 
     def agg(x: jax.Array) -> jax.Array:
         """Masked aggregation of a per-token quantity ``[R, T]`` to a scalar."""
         xm = x * m
         if loss_agg == "token-mean":
-            return xm.sum() / total_tokens
+            return xm.sum() / n_tok
         if loss_agg == "seq-mean-token-mean":
-            return (xm.sum(-1) / jnp.maximum(tok_per_seq, 1.0)).sum() / total_seqs
-        return xm.sum() / (total_seqs * max_tokens)
+            return (xm.sum(-1) / jnp.maximum(tok_per_seq, 1.0)).sum() / n_seq
+        return xm.sum() / (n_row * max_tokens)
 
     def tok_mean(x: jax.Array) -> jax.Array:
-        return (x * m).sum() / total_tokens
+        return (x * m).sum() / n_tok
 
-    # Sanitise before exp: on masked positions the difference may be inf/NaN, and a where applied
+    # Sanitise before exp: on masked positions the values may be inf/NaN, and a where applied
     # *after* exp would still leak 0·inf = NaN into the gradient.
+    logp = jnp.where(keep, logprobs, 0.0)
     log_ratio = jnp.where(keep, logprobs - jax.lax.stop_gradient(old_logprobs), 0.0)
-    ratio = jnp.exp(log_ratio)
+    tok_ratio = jnp.exp(log_ratio)
+    if importance_sampling == "token":
+        ratio = tok_ratio
+    else:
+        seq_log_ratio = log_ratio.sum(-1) / jnp.maximum(tok_per_seq, 1.0)  # [R]
+        sg = jax.lax.stop_gradient
+        ratio = jnp.exp(sg(seq_log_ratio)[:, None] + logp - sg(logp))  # GSPO-token
     adv = advantages.astype(jnp.float32)[:, None]
-    surr = ratio * adv
-    surr_clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    pg_tok = -jnp.minimum(surr, surr_clipped)
+    unclipped = ratio if clip_delta is None else jnp.minimum(ratio, clip_delta)
+    pg_tok = -jnp.minimum(unclipped * adv, jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
+    if entropy_min is not None:
+        ent_keep = jax.lax.stop_gradient(entropy) >= entropy_min  # NaN threshold → keep none
+        pg_tok = jnp.where(ent_keep, pg_tok, 0.0)
     per_tok = pg_tok
 
     metrics: dict[str, jax.Array] = {}
     if ref_logprobs is not None and beta != 0.0:
         d = jnp.where(keep, jax.lax.stop_gradient(ref_logprobs) - logprobs, 0.0)  # ref − logp
         kl_tok = -d if kl_estimator == "k1" else jnp.exp(d) - d - 1.0
+        if kl_bias_correction:
+            kl_tok = kl_tok * tok_ratio
         per_tok = per_tok + beta * kl_tok
         metrics["kl"] = tok_mean(kl_tok)
     else:
         metrics["kl"] = jnp.zeros((), jnp.float32)
 
-    # Tokens where the min picks the clipped branch *and* it is flat → zero gradient.
-    clipped = ((adv > 0) & (ratio > 1.0 + eps_high)) | ((adv < 0) & (ratio < 1.0 - eps_low))
-    metrics["clip_frac"] = tok_mean(clipped.astype(jnp.float32))
+    # Tokens where the min picks a flat (clipped) branch → zero surrogate gradient.
+    low = (adv < 0) & (ratio < 1.0 - eps_low)
+    high = (adv > 0) & (ratio > 1.0 + eps_high)
+    capped = (adv < 0) & (ratio > clip_delta) if clip_delta is not None else False
+    metrics["clip_ratio"] = tok_mean((low | high | capped).astype(jnp.float32))
+    metrics["clip_ratio_low"] = tok_mean(low.astype(jnp.float32))
+    metrics["clip_ratio_high"] = tok_mean(high.astype(jnp.float32))
     metrics["ratio_mean"] = tok_mean(ratio)
     metrics["pg_loss"] = agg(pg_tok)
+    if entropy is not None:
+        metrics["entropy"] = tok_mean(jnp.where(keep, entropy, 0.0))
     metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
     return agg(per_tok), metrics

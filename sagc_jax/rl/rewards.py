@@ -4,7 +4,8 @@ A reward function is any callable ``fn(prompts: list[str], completions: list[str
 -> list[float]`` where ``columns`` are the dataset's other columns as lists aligned with
 ``completions`` (e.g. ``answer=[...]``). A function should accept ``**kwargs`` so unknown columns
 are ignored. ``None`` in the returned list means "not applicable to this example" (TRL) and counts
-as 0.0.
+as 0.0 in the total; a completion that *every* function scores ``None`` is marked unscored
+(:attr:`RewardResult.scored`), so the learner leaves it out of its group's statistics and the loss.
 
 In the config, rewards are named by a built-in name (:data:`BUILTIN_REWARDS`) or as
 ``"package.module:function"``, each with a weight; :func:`compute_rewards` evaluates them and
@@ -285,12 +286,20 @@ class RewardResult:
       per_fn: unweighted values per function name, float32 ``[n]``.
       num_errors: number of (function, example) values replaced by 0 (``on_error="zero"``).
       messages: one warning per failure.
+      scored: bool ``[n]``; False where every function returned ``None`` (not applicable).
     """
 
     total: np.ndarray
     per_fn: dict[str, np.ndarray]
     num_errors: int = 0
     messages: list[str] = dataclasses.field(default_factory=list)
+    scored: np.ndarray | None = None
+
+    def masked_total(self) -> np.ndarray:
+        """``total`` with NaN on unscored rows: the learner's convention for "no reward"."""
+        if self.scored is None:
+            return self.total
+        return np.where(self.scored, self.total, np.float32(np.nan)).astype(np.float32)
 
 
 def _to_float(v: Any) -> float:
@@ -336,10 +345,11 @@ def _check_values(rf: RewardFn, out: Any, n: int) -> tuple[np.ndarray, list[tupl
 
 def _per_example(
     rf: RewardFn, prompts: list[str], completions: list[str], columns: dict
-) -> tuple[np.ndarray, list[tuple[int, str]]]:
-    """Call ``rf`` one example at a time; returns values and per-index problems."""
+) -> tuple[np.ndarray, list[tuple[int, str]], np.ndarray]:
+    """Call ``rf`` one example at a time; returns values, per-index problems, None flags."""
     n = len(completions)
     vals = np.zeros(n, dtype=np.float32)
+    nones = np.zeros(n, dtype=bool)
     bad: list[tuple[int, str]] = []
     for i in range(n):
         cols = {k: [v[i]] for k, v in columns.items()}
@@ -357,7 +367,8 @@ def _per_example(
             bad.append((i, b[0][1]))
         else:
             vals[i] = v[0]
-    return vals, bad
+            nones[i] = out[0] is None
+    return vals, bad, nones
 
 
 def compute_rewards(
@@ -395,6 +406,7 @@ def compute_rewards(
     _check_unique(reward_fns)
 
     total = np.zeros(n, dtype=np.float32)
+    scored = np.zeros(n, dtype=bool)
     per_fn: dict[str, np.ndarray] = {}
     num_errors = 0
     messages: list[str] = []
@@ -408,10 +420,11 @@ def compute_rewards(
         logger.warning("%s (set to 0)", msg)
 
     for rf in reward_fns:
+        nones = np.zeros(n, dtype=bool)  # a failed value (on_error="zero") counts as scored 0
         try:
             out = _call(rf, prompts, completions, cols)
         except Exception as exc:
-            vals, bad = _per_example(rf, prompts, completions, cols)
+            vals, bad, nones = _per_example(rf, prompts, completions, cols)
             if bad:
                 # Prefer the first example that raises; other problems are counted too.
                 i, problem = next(((i, p) for i, p in bad if p.startswith("raised")), bad[0])
@@ -431,6 +444,7 @@ def compute_rewards(
                 fail(str(exc), n)
                 vals = np.zeros(n, dtype=np.float32)
             else:
+                nones = np.fromiter((v is None for v in out), dtype=bool, count=n)
                 if bad:
                     i, problem = bad[0]
                     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -440,7 +454,9 @@ def compute_rewards(
                     )
         per_fn[rf.name] = vals
         total += np.float32(rf.weight) * vals
-    return RewardResult(total=total, per_fn=per_fn, num_errors=num_errors, messages=messages)
+        scored |= ~nones
+    return RewardResult(total=total, per_fn=per_fn, num_errors=num_errors, messages=messages,
+                        scored=scored)
 
 
 #: Example fields that are not reward-function keyword arguments.

@@ -19,21 +19,41 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from sagc_jax.rl.advantages import group_advantages
-from sagc_jax.rl.losses import policy_loss, token_logprobs
+from sagc_jax.rl.advantages import (
+    DEFAULT_ADV_EPS,
+    frac_reward_zero_std,
+    group_advantages,
+    scored_rows,
+)
+from sagc_jax.rl.losses import (
+    METRICS,
+    entropy_threshold,
+    loss_norms,
+    policy_loss,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
-    """Static (hashable) loss settings: a change means a different compiled step."""
+    """Static (hashable) loss settings: a change means a different compiled step.
+
+    See docs/algorithms.md for the formulas; names follow the `algo.*` config keys.
+    """
 
     epsilon: float = 0.2
     epsilon_high: float = 0.28
+    clip_delta: float | None = None
+    importance_sampling: str = "token"
     loss_agg: str = "token-mean"
     beta: float = 0.0
     kl_estimator: str = "k3"
-    advantage: str = "grpo"
-    adv_eps: float = 1e-6
+    kl_bias_correction: bool = False
+    scale_rewards: str = "group"
+    std_ddof: int = 0
+    adv_eps: float = DEFAULT_ADV_EPS
+    top_entropy_quantile: float = 1.0
     temperature: float = 1.0
     max_tokens: int = 128  # Dr. GRPO's constant normaliser (max_new_tokens)
 
@@ -54,14 +74,21 @@ def sequence_inputs(tokens: jax.Array, prompt_pad: jax.Array, lengths: jax.Array
     return positions, kv_mask
 
 
+def completion_logits(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
+                      prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int) -> jax.Array:
+    """Logits [R, N, V] at the positions that predict the N completion tokens."""
+    model = nnx.merge(graphdef, params)
+    positions, kv_mask = sequence_inputs(tokens, prompt_pad, lengths, prompt_len)
+    logits = model(tokens[:, :-1], positions=positions[:, :-1], kv_mask=kv_mask[:, :-1])
+    return logits[:, prompt_len - 1:]
+
+
 def completion_logprobs(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
                         prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int,
                         temperature: float) -> jax.Array:
     """Log-probs [R, N] of the completion tokens under softmax(logits / temperature)."""
-    model = nnx.merge(graphdef, params)
-    positions, kv_mask = sequence_inputs(tokens, prompt_pad, lengths, prompt_len)
-    logits = model(tokens[:, :-1], positions=positions[:, :-1], kv_mask=kv_mask[:, :-1])
-    return token_logprobs(logits[:, prompt_len - 1:], tokens[:, prompt_len:], temperature)
+    logits = completion_logits(graphdef, params, tokens, prompt_pad, lengths, prompt_len)
+    return token_logprobs(logits, tokens[:, prompt_len:], temperature)
 
 
 def _completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Array:
@@ -74,44 +101,70 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     """Returns `step(params, opt_state, batch) -> (params, opt_state, metrics)` (not jitted).
 
     `num_groups` (prompts in the batch), `prompt_len` (Lp) and `micro_batches` are static.
-    Micro-batch losses use full-batch normalisers, so accumulated gradients equal the full-batch
-    gradient exactly. A non-finite loss or gradient leaves params and optimizer state unchanged and
-    reports `finite = 0`; the host turns that into an error after saving the last good state.
+    Micro-batch losses use full-batch normalisers (and a full-batch entropy threshold), so
+    accumulated gradients equal the full-batch gradient exactly. Rows whose reward is NaN (every
+    reward function returned None) are out of the advantages' statistics and out of the loss. A
+    non-finite loss or gradient leaves params and optimizer state unchanged and reports
+    `finite = 0`; the host turns that into an error after saving the last good state.
     """
     s = settings
+    mask_entropy = s.top_entropy_quantile < 1.0
 
-    def loss_fn(params, mb, norms):
-        logp = completion_logprobs(graphdef, params, mb["tokens"], mb["prompt_pad"],
-                                   mb["lengths"], prompt_len, s.temperature)
-        mask = _completion_mask(mb["lengths"], mb["loss_rows"], logp.shape[1])
+    def forward(params, mb):
+        """(log-probs, entropies, loss mask) of one (micro-)batch, all [rows, N]."""
+        logits = completion_logits(graphdef, params, mb["tokens"], mb["prompt_pad"],
+                                   mb["lengths"], prompt_len)
+        logp, ent = token_logprobs_and_entropy(logits, mb["tokens"][:, prompt_len:],
+                                               s.temperature)
+        return logp, ent, _completion_mask(mb["lengths"], mb["loss_rows"], logp.shape[1])
+
+    def loss_fn(params, mb, norms, ent_min):
+        logp, ent, mask = forward(params, mb)
+        if mask_entropy and micro_batches == 1:
+            ent_min = entropy_threshold(ent, mask, s.top_entropy_quantile)  # the full batch
         return policy_loss(
             logp, mb["old_logprobs"], mb["advantages"], mask,
-            epsilon=s.epsilon, epsilon_high=s.epsilon_high, loss_agg=s.loss_agg,
+            epsilon=s.epsilon, epsilon_high=s.epsilon_high, clip_delta=s.clip_delta,
+            importance_sampling=s.importance_sampling, loss_agg=s.loss_agg,
             ref_logprobs=mb["ref_logprobs"] if s.beta > 0 else None, beta=s.beta,
-            kl_estimator=s.kl_estimator, total_tokens=norms[0], total_seqs=norms[1],
+            kl_estimator=s.kl_estimator, kl_bias_correction=s.kl_bias_correction,
+            entropy=ent, entropy_min=ent_min if mask_entropy else None, norms=norms,
             max_tokens=s.max_tokens)
+
+    def full_batch_entropy_min(params, split):
+        """The entropy threshold over every micro-batch: one extra forward pass, no gradient."""
+        def body(_, mb):
+            _, ent, mask = forward(jax.lax.stop_gradient(params), mb)
+            return None, (ent, mask)
+
+        _, (ent, mask) = jax.lax.scan(body, None, split)
+        return entropy_threshold(ent, mask, s.top_entropy_quantile)
 
     def step(params, opt_state, batch):
         adv = group_advantages(batch["rewards"], batch["group_ids"], batch["valid"],
-                               num_groups=num_groups, kind=s.advantage, eps=s.adv_eps)
+                               num_groups=num_groups, scale=s.scale_rewards, eps=s.adv_eps,
+                               ddof=s.std_ddof)
+        scored = scored_rows(batch["rewards"], batch["valid"])
+        loss_rows = batch["loss_rows"] & scored
         n = batch["old_logprobs"].shape[1]
-        mask = _completion_mask(batch["lengths"], batch["loss_rows"], n)
-        norms = (mask.sum().astype(jnp.float32),
-                 (mask.sum(-1) > 0).sum().astype(jnp.float32))
+        norms = loss_norms(_completion_mask(batch["lengths"], loss_rows, n), scored.sum())
         data = {k: batch[k] for k in BATCH_FIELDS if k not in ("rewards", "group_ids", "valid")}
         data["advantages"] = adv
+        data["loss_rows"] = loss_rows
         split = jax.tree.map(lambda x: x.reshape(micro_batches, -1, *x.shape[1:]), data)
+        ent_min = jnp.zeros((), jnp.float32)
+        if mask_entropy and micro_batches > 1:
+            ent_min = full_batch_entropy_min(params, split)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def accumulate(carry, mb):
             grads, loss, metrics = carry
-            (l, m), g = grad_fn(params, mb, norms)
+            (l, m), g = grad_fn(params, mb, norms, ent_min)
             return (jax.tree.map(jnp.add, grads, g), loss + l,
                     jax.tree.map(jnp.add, metrics, m)), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        zero_m = {k: jnp.zeros((), jnp.float32) for k in ("pg_loss", "kl", "clip_frac",
-                                                          "ratio_mean")}
+        zero_m = {k: jnp.zeros((), jnp.float32) for k in METRICS}
         (grads, loss, metrics), _ = jax.lax.scan(
             accumulate, (zeros, jnp.zeros((), jnp.float32), zero_m), split)
         grad_norm = optax.tree.norm(grads)
@@ -119,11 +172,14 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         new_params = optax.apply_updates(params, updates)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        valid = batch["valid"].astype(jnp.float32)
+        w = scored.astype(jnp.float32)
         metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
                    "finite": finite.astype(jnp.float32),
-                   "adv_abs_mean": (jnp.abs(adv) * valid).sum() / jnp.maximum(valid.sum(), 1.0),
-                   "loss_tokens": norms[0]}
+                   "adv_abs_mean": (jnp.abs(adv) * w).sum() / jnp.maximum(w.sum(), 1.0),
+                   "frac_reward_zero_std": frac_reward_zero_std(
+                       batch["rewards"], batch["group_ids"], batch["valid"],
+                       num_groups=num_groups, ddof=s.std_ddof),
+                   "loss_tokens": norms.tokens}
         return keep(new_params, params), keep(new_opt, opt_state), metrics
 
     return step

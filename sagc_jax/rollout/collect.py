@@ -125,6 +125,8 @@ class Rollout:
     first_round: FirstRound | None = None
     reward_errors: int = 0
     row_offset: int = 0  # global index of this process's first row (multi-process)
+    # [R] False where every reward function returned None (not applicable); None = all scored.
+    scored: np.ndarray | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -182,10 +184,11 @@ def collect(sampler: Sampler, prompts: PromptStream, g: int, rewards: Sequence[R
                                float(out.stats.decode_s))
         for i, ex in enumerate(examples):
             sl = slice(i * g, (i + 1) * g)
-            if st.dynamic_sampling and np.ptp(shaped[sl]) == 0:
+            sc = res.scored[sl]
+            if st.dynamic_sampling and (not sc.any() or np.ptp(shaped[sl][sc]) == 0):
                 continue  # no learning signal: refilled next round, or dropped after the last
             if len(kept) < local:
-                kept.append((ex, out.tokens[sl], out.logprobs[sl], out.lengths[sl],
+                kept.append((ex, sc, out.tokens[sl], out.logprobs[sl], out.lengths[sl],
                              out.truncated[sl], shaped[sl], raw[sl], comps[sl]))
     return _assemble(kept, g, local, st, stats, first, errors, hosts)
 
@@ -204,10 +207,11 @@ def _assemble(kept: list[tuple], g: int, num_prompts: int, st: CollectSettings,
     valid = np.zeros(rows, bool)
     comps_all = [""] * rows
     examples = []
-    for i, (ex, t, lp, ln, tr, sh, rw, cm) in enumerate(kept):
+    scored = np.zeros(rows, bool)
+    for i, (ex, sc, t, lp, ln, tr, sh, rw, cm) in enumerate(kept):
         sl = slice(i * g, (i + 1) * g)
         tokens[sl], logp[sl], lengths[sl], trunc[sl] = t, lp, ln, tr
-        rew[sl], raw_r[sl], valid[sl] = sh, rw, True
+        rew[sl], raw_r[sl], valid[sl], scored[sl] = sh, rw, True, sc
         comps_all[sl] = cm
         examples.append(ex)
     # Padding groups reuse the first prompt so the batch keeps its compiled shape.
@@ -215,7 +219,7 @@ def _assemble(kept: list[tuple], g: int, num_prompts: int, st: CollectSettings,
     while len(examples) < num_prompts:
         examples.append(filler if filler is not None else {"prompt_ids": [st.pad_id]})
     return Rollout(examples, g, tokens, logp, lengths, trunc, rew, raw_r, valid, comps_all,
-                   stats, first, errors, row_offset=hosts.index * rows)
+                   stats, first, errors, row_offset=hosts.index * rows, scored=scored)
 
 
 def global_view(ro: Rollout, hosts: Hosts) -> tuple[Rollout, int]:
@@ -229,6 +233,7 @@ def global_view(ro: Rollout, hosts: Hosts) -> tuple[Rollout, int]:
         return ro, plen
     glob = hosts.gather({"lengths": ro.lengths, "truncated": ro.truncated,
                          "rewards": ro.rewards, "raw_rewards": ro.raw_rewards, "valid": ro.valid,
+                         "scored": ro.valid if ro.scored is None else ro.scored,
                          "plen": np.asarray([plen], np.int64)})
     stats = dict(ro.stats)
     # Global rows x global decode steps, as a single process would count it.
@@ -236,5 +241,6 @@ def global_view(ro: Rollout, hosts: Hosts) -> tuple[Rollout, int]:
                               - int(glob["lengths"][glob["valid"]].sum()))
     gv = dataclasses.replace(
         ro, lengths=glob["lengths"], truncated=glob["truncated"], rewards=glob["rewards"],
-        raw_rewards=glob["raw_rewards"], valid=glob["valid"], stats=stats, row_offset=0)
+        raw_rewards=glob["raw_rewards"], valid=glob["valid"], scored=glob["scored"], stats=stats,
+        row_offset=0)
     return gv, int(glob["plen"].max())

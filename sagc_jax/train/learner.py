@@ -32,9 +32,12 @@ from sagc_jax.train.state import TrainState
 def loss_settings(cfg: Any) -> LossSettings:
     """The static loss settings of a Config (`algo.*`, sampling temperature and length)."""
     a, s = cfg.algo, cfg.sampling
-    return LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon_high, loss_agg=a.loss_agg,
-                        beta=a.beta, kl_estimator=a.kl_estimator, advantage=a.advantage,
-                        adv_eps=a.adv_eps, temperature=s.temperature,
+    return LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon_high, clip_delta=a.clip_delta,
+                        importance_sampling=a.importance_sampling, loss_agg=a.loss_agg,
+                        beta=a.beta, kl_estimator=a.kl_estimator,
+                        kl_bias_correction=a.kl_bias_correction, scale_rewards=a.scale_rewards,
+                        std_ddof=a.std_ddof, adv_eps=a.adv_eps,
+                        top_entropy_quantile=a.top_entropy_quantile, temperature=s.temperature,
                         max_tokens=s.max_new_tokens)
 
 
