@@ -44,24 +44,73 @@ def _train(argv: list[str]) -> int:
         if jax.process_index() == 0:
             print(format_report(report))
         return 0 if report["ok"] else 1
+    import jax
+
+    from sagc_jax.runlock import RunDirLocked, RunLock
     from sagc_jax.trainer import Trainer, TrainingError
 
+    # Before anything is written to run.dir; process 0 holds it for all (see runlock.py).
+    lock = RunLock(cfg.run.dir, enabled=jax.process_index() == 0)
+    try:
+        lock.acquire()
+    except RunDirLocked as e:
+        print(f"sagc-jax train: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"sagc-jax train: error: {e}", file=sys.stderr)
+        return 1
     try:
         trainer = Trainer(cfg)
         row = trainer.train()
     except (TrainingError, ValueError, FileNotFoundError, FileExistsError, OSError) as e:
         print(f"sagc-jax train: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        lock.release()
     if row:
         print(f"[sagc-jax] done: step {row['step']}, reward {row['reward_mean']:.3f}, "
               f"G={row['group_size']}; outputs in {cfg.run.dir}")
     return 0
 
 
+def _writable_file(path: str) -> str | None:
+    """Why `path` cannot be written as a new or replaced file (None if it can), checked before
+    a long computation whose result would be lost."""
+    import os
+
+    p = os.path.abspath(path)
+    if os.path.isdir(p):
+        return "is a directory"
+    parent = os.path.dirname(p)
+    while not os.path.exists(parent):  # created on write: check the nearest existing ancestor
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(p)
+                                                    and not os.access(p, os.W_OK)):
+        return "permission denied"
+    return None
+
+
 def _simulate(argv: list[str]) -> int:
     from sagc_jax.sagc.simulate import simulate_main
 
-    return simulate_main(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--out")
+    pre.add_argument("--plot")
+    known, _ = pre.parse_known_args(argv)
+    for flag in ("out", "plot"):
+        path = getattr(known, flag)
+        why = path is not None and _writable_file(path)
+        if why:
+            print(f"sagc-jax simulate: error: --{flag} {path}: cannot write there ({why})",
+                  file=sys.stderr)
+            return 2
+    try:
+        return simulate_main(argv)
+    except OSError as e:  # e.g. the disk filled while writing the result
+        print(f"sagc-jax simulate: error: {e}", file=sys.stderr)
+        return 1
 
 
 def _eval(argv: list[str]) -> int:
@@ -90,12 +139,17 @@ def _eval(argv: list[str]) -> int:
         if v is not None and v < (0 if name == "num_samples" else 1):
             print(f"{err} --{name.replace('_', '-')} must be positive, got {v}", file=sys.stderr)
             return 2
+    why = args.out is not None and _writable_file(args.out)
+    if why:
+        print(f"{err} --out {args.out}: cannot write there ({why})", file=sys.stderr)
+        return 2
     import json
     import os
 
     from sagc_jax.config import ConfigError
     from sagc_jax.data.readers import DataError
     from sagc_jax.data.tasks import TASKS, get_task
+    from sagc_jax.data.tokenizer import TokenizerError
     from sagc_jax.evaluate import (
         CheckpointPathError,
         evaluate,
@@ -104,6 +158,7 @@ def _eval(argv: list[str]) -> int:
         load_policy,
         resolve_checkpoint,
     )
+    from sagc_jax.models.hf import ModelFileError
     from sagc_jax.rl.rewards import RewardFn
 
     try:
@@ -131,7 +186,8 @@ def _eval(argv: list[str]) -> int:
             chat_template=cfg.data.chat_template if cfg is not None else False,
             decode_chunk=s.decode_chunk if s else 16, details=args.out is not None,
             progress=not args.no_progress)
-    except (CheckpointPathError, ConfigError, DataError, FileNotFoundError) as e:
+    except (CheckpointPathError, ConfigError, DataError, FileNotFoundError, ModelFileError,
+            TokenizerError) as e:
         print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
         return 2
     except (ValueError, OSError, RuntimeError) as e:  # incl. RewardError, mismatched checkpoint
@@ -141,6 +197,7 @@ def _eval(argv: list[str]) -> int:
               **result}
     print(format_table(result))
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
     return 0
@@ -156,12 +213,14 @@ def _export(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     args = p.parse_args(argv)
+    from sagc_jax.data.tokenizer import TokenizerError
     from sagc_jax.evaluate import CheckpointPathError
     from sagc_jax.export import export
+    from sagc_jax.models.hf import ModelFileError
 
     try:
         dest = export(args.checkpoint, args.out, overwrite=args.force)
-    except (CheckpointPathError, FileExistsError) as e:
+    except (CheckpointPathError, FileExistsError, ModelFileError, TokenizerError) as e:
         print(f"sagc-jax export: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:

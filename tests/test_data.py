@@ -166,6 +166,21 @@ def test_read_jsonl_malformed(tmp_path, line, why):
     assert f"{p} line 3" in str(e.value)
 
 
+def test_read_jsonl_names_the_line_of_bad_bytes_and_the_real_json_column(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(DataError, match=rf"{p} line 2: not UTF-8 text \(byte 0xe9 at column 16"):
+        read_jsonl(p)
+    # An error at the end of a line is on that line (just past its last character), not
+    # "column 1" of the next.
+    p.write_text('{"prompt": "ok", "answer": "1"}\n{"prompt": "a", "answer": "1"\n')
+    with pytest.raises(DataError, match=r"line 2: bad JSON: Expecting ',' delimiter \(column 30"):
+        read_jsonl(p)
+    # A byte-order mark (some editors write one) is not a JSON error.
+    p.write_bytes(b'\xef\xbb\xbf{"prompt": "a", "answer": "1"}\n')
+    assert read_jsonl(p) == [{"prompt": "a", "answer": "1"}]
+
+
 def test_read_empty_and_missing(tmp_path):
     p = tmp_path / "empty.jsonl"
     p.write_text("\n")

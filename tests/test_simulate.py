@@ -148,3 +148,18 @@ def test_shipped_configs_parse():
     for name in ("heavy_tail", "drift"):
         sim = load_sim_config(f"configs/sim/{name}.yaml")
         assert sim.steps == 1500 and sim.sagc.group_sizes == (4, 8, 12, 16)
+
+
+def test_unwritable_out_is_refused_before_simulating(tmp_path, capsys):
+    from sagc_jax.cli import main
+
+    cfg = _write(tmp_path, SMALL)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for flag in ("--out", "--plot"):
+        assert main(["simulate", "--config", str(cfg), flag, str(blocker / "r.json")]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""  # refused before the run, not after the table
+        assert len(err.strip().splitlines()) == 1 and f"{flag} {blocker / 'r.json'}" in err
+    assert main(["simulate", "--config", str(cfg), "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err

@@ -123,12 +123,21 @@ def test_corrupt_newest_checkpoint_falls_back(reference_run, tmp_path, capsys):
         if f.is_file() and f.stat().st_size > 0:
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncate every file
     code = main(["train", *TINY, f"run.dir={run_dir}", "run.steps=9"])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0
-    assert "checkpoint step 8" in out and "falling back" in out
+    assert "checkpoint step 8" in err and "falling back" in err
+    assert "moved damaged checkpoint step 8 aside" in err
     assert "resumed from step 7" in out
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 10))
+    # The damaged step was moved aside, so steps 8 and 9 were saved again: the run is whole.
+    ckpts = run_dir / "checkpoints"
+    assert [p.name.split(".")[0] for p in ckpts.iterdir() if ".corrupt-" in p.name] == ["8"]
+    assert {8, 9} <= set(ocp.CheckpointManager(ckpts).all_steps())
+    from sagc_jax.evaluate import load_policy
+
+    load_policy(run_dir)
+    assert "corrupt" not in capsys.readouterr().err
 
 
 def test_incompatible_checkpoint_is_a_clear_error(reference_run, tmp_path, capsys):
