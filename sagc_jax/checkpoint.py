@@ -57,7 +57,7 @@ def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB': human sizes that never round a real size down to '0 MiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" or n >= 100 else f"{n:.3g} {unit}"
         n /= 1024
     raise AssertionError  # unreachable
 
