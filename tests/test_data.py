@@ -369,3 +369,24 @@ def test_load_examples_from_config():
     assert load_examples(cfg.data, "train", seed=3)[:5] == make_arith_examples(
         5, seed=3, min_steps=2, max_steps=4
     )
+
+
+def test_prompt_lengths_are_checked_up_front():
+    from sagc_jax.data.lengths import check_prompt_lengths, prompt_lengths
+
+    tok = load_tokenizer(None)
+    rows = [{"prompt": "1+1="}, {"prompt": "12+34-5="}, {"prompt": "x" * 40}]
+    # Exactly what the pipeline feeds the sampler (bos + characters).
+    assert prompt_lengths(rows, tok) == [len(encode_prompt(tok, r["prompt"])) for r in rows]
+    assert check_prompt_lengths(rows[:2], tok, max_len=16, where="w") == 9
+    with pytest.raises(DataError, match=r"data.train_file t.jsonl: example 2 \(prompt starts "
+                                        r"'xxx.*is 41 tokens.*sampling.prompt_buckets entry 16"
+                                        r".*sampling.prompt_too_long"):
+        check_prompt_lengths(rows, tok, max_len=16, where="data.train_file t.jsonl")
+    # A generated task is bounded by its longest possible prompt, without generating 100k.
+    src = ArithSource(100_000, 0, 1, 12)
+    bound = check_prompt_lengths(src, tok, max_len=64, where="data.task")
+    assert bound == 1 + 2 + 2 * 12
+    assert max(len(encode_prompt(tok, src[i]["prompt"])) for i in range(300)) <= bound
+    with pytest.raises(DataError, match=r"data\.task arith: its longest prompts are 27 tokens"):
+        check_prompt_lengths(src, tok, max_len=16, where="data.task arith")
