@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ from flax import nnx
 
 from sagc_jax.checksum import fingerprints, fingerprints_np, mismatches
 from sagc_jax.models.config import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 CORRUPT_TAG = ".corrupt-"
 CHECKSUMS_SUFFIX = ".checksums.json"
@@ -49,8 +51,9 @@ class CheckpointCorruptError(RuntimeError):
 
 
 def warn(msg: str) -> None:
+    """A warning from process 0 only (every process sees the same checkpoints)."""
     if jax.process_index() == 0:
-        print(f"[sagc-jax] {msg}", file=sys.stderr, flush=True)
+        logger.warning("%s", msg)
 
 
 def format_bytes(n: float) -> str:
@@ -88,7 +91,10 @@ def _checksums_file(path: Path) -> Path:
 
 
 @dataclasses.dataclass
-class TrainState:
+class Snapshot:
+    """Everything a checkpoint step holds (the live `train.state.TrainState` plus the SAGC
+    state and the data position)."""
+
     step: int
     params: Any  # nnx.State of the model
     opt_state: Any
@@ -129,26 +135,42 @@ def _abstract(tree: Any) -> Any:
 
 def restore_params(path: str | Path, template: Any) -> Any:
     """Params saved by `RunCheckpointer.save_initial` (or any Orbax pure-dict params dir),
-    placed like `template` (an nnx.State, or a pure dict of arrays / ShapeDtypeStructs, which
-    gives a pure dict back); shape mismatches are errors naming the param, and values are
-    verified against `<path>.checksums.json` when it exists."""
+    placed like `template` (an nnx.State); shape mismatches are errors naming the param."""
     path = Path(path).absolute()
     if not path.exists():
         raise FileNotFoundError(f"init.params: {path} does not exist")
-    with ocp.StandardCheckpointer() as c:
-        pure = c.restore(path, _abstract(_pure(template)))
-    sums = _checksums_file(path)
-    if sums.is_file():
-        try:
-            saved = json.loads(sums.read_text())["params"]
-        except (OSError, ValueError, KeyError) as e:
-            raise CheckpointCorruptError(f"{sums} is unreadable ({error_line(e)})") from None
-        verify(str(path), pure, saved)
-    if not isinstance(template, nnx.State):
-        return pure
+    pure = restore_pure_params(path, _abstract(_pure(template)))
     out = jax.tree.map(lambda x: x, template)
     nnx.replace_by_pure_dict(out, pure)
     return out
+
+
+def restore_pure_params(path: str | Path, target: Any, step: int | None = None) -> Any:
+    """Pure-dict params placed as `target` (ShapeDtypeStructs with shardings): from an
+    `initial`-style directory (`step=None`) or the `params` item of CheckpointManager step
+    `step` in directory `path` (the optimizer state and the rest are not read). Values are
+    verified against the saved fingerprints (`<dir>.checksums.json`, or the step's `meta`)."""
+    path = Path(path).absolute()
+    if step is None:
+        with ocp.StandardCheckpointer() as c:
+            pure = c.restore(path, target)
+        sums = _checksums_file(path)
+        if sums.is_file():
+            try:
+                saved = json.loads(sums.read_text())["params"]
+            except (OSError, ValueError, KeyError) as e:
+                raise CheckpointCorruptError(f"{sums} is unreadable ({error_line(e)})") from None
+            verify(str(path), pure, saved)
+        return pure
+    mngr = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False))
+    try:
+        got = mngr.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    finally:
+        mngr.close()
+    sums = (got["meta"] or {}).get("checksums") or {}
+    verify(f"checkpoint step {step} in {path}: params", got["params"], sums.get("params"))
+    return got["params"]
 
 
 class RunCheckpointer:
@@ -216,7 +238,7 @@ class RunCheckpointer:
                           "another run.dir") from None
 
     # -------------------------------------------------------------- save
-    def save(self, step: int, state: TrainState, *, force: bool = False) -> bool:
+    def save(self, step: int, state: Snapshot, *, force: bool = False) -> bool:
         if not force and (self.every == 0 or step % self.every):
             return False
         if step in self.manager.all_steps():
@@ -264,7 +286,9 @@ class RunCheckpointer:
             self._mngr.wait_until_finished()
 
     def close(self) -> None:
+        """Waits for pending saves and releases the manager (its threads and files)."""
         if self._mngr is not None:
+            self._mngr.wait_until_finished()
             self._mngr.close()
             self._mngr = None
 
@@ -293,7 +317,7 @@ class RunCheckpointer:
                 f"checkpoints in {self.directory} were written for a different model ({what}); "
                 "use another run.dir or the original model config")
 
-    def restore_latest(self, template: TrainState, model_cfg: ModelConfig) -> TrainState | None:
+    def restore_latest(self, template: Snapshot, model_cfg: ModelConfig) -> Snapshot | None:
         """Newest restorable checkpoint, falling back past damaged ones; None if there is none.
 
         Damaged steps newer than the one restored are moved aside (`quarantine`). If no step
@@ -339,7 +363,7 @@ class RunCheckpointer:
             multihost_utils.sync_global_devices("sagc_jax_quarantine")
         return moved
 
-    def _restore(self, step: int, template: TrainState) -> TrainState:
+    def _restore(self, step: int, template: Snapshot) -> Snapshot:
         pure_t = _pure(template.params)
         flat_opt = _flat(template.opt_state)
         sagc_t = {k: np.asarray(v) for k, v in template.sagc.items()}
@@ -373,20 +397,6 @@ class RunCheckpointer:
         opt_state = jax.tree.unflatten(treedef, [got["opt_state"][str(i)]
                                                  for i in range(len(flat_opt))])
         sagc = {k: np.asarray(v) for k, v in got["sagc"].items()}
-        return TrainState(step=step, params=params, opt_state=opt_state, sagc=sagc,
-                          data_iter=template.data_iter)
+        return Snapshot(step=step, params=params, opt_state=opt_state, sagc=sagc,
+                        data_iter=template.data_iter)
 
-
-def restore_step_params(ckpt_dir: str | Path, step: int, target: Any) -> Any:
-    """Only the params item of step `step` under `ckpt_dir` (a pure dict of ShapeDtypeStructs
-    with shardings as `target`), verified against the saved fingerprints. For eval/export."""
-    mngr = ocp.CheckpointManager(Path(ckpt_dir).absolute(),
-                                 options=ocp.CheckpointManagerOptions(create=False))
-    try:
-        got = mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-    finally:
-        mngr.close()
-    sums = (got["meta"] or {}).get("checksums") or {}
-    verify(f"checkpoint step {step} in {ckpt_dir}: params", got["params"], sums.get("params"))
-    return got["params"]

@@ -123,10 +123,10 @@ def test_corrupt_newest_checkpoint_falls_back(reference_run, tmp_path, capsys):
         if f.is_file() and f.stat().st_size > 0:
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncate every file
     code = main(["train", *TINY, f"run.dir={run_dir}", "run.steps=9"])
-    out, err = capsys.readouterr()
+    out = capsys.readouterr().out
     assert code == 0
-    assert "checkpoint step 8" in err and "falling back" in err
-    assert "moved damaged checkpoint step 8 aside" in err
+    assert "checkpoint step 8" in out and "falling back" in out
+    assert "moved damaged checkpoint step 8 aside" in out
     assert "resumed from step 7" in out
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 10))
@@ -137,7 +137,7 @@ def test_corrupt_newest_checkpoint_falls_back(reference_run, tmp_path, capsys):
     from sagc_jax.evaluate import load_policy
 
     load_policy(run_dir)
-    assert "corrupt" not in capsys.readouterr().err
+    assert "corrupt" not in capsys.readouterr().out
 
 
 def test_incompatible_checkpoint_is_a_clear_error(reference_run, tmp_path, capsys):
