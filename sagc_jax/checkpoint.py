@@ -259,8 +259,13 @@ class RunCheckpointer:
         )
         return self.manager.save(step, args=args, force=True)
 
-    def save_initial(self, params: Any, model_cfg: ModelConfig) -> None:
-        """Params after the SFT warm start: the KL reference, re-read on resume (one copy)."""
+    def save_initial(self, params: Any, model_cfg: ModelConfig,
+                     recipe: dict[str, Any] | None = None) -> None:
+        """Params after the SFT warm start: the KL reference, re-read on resume (one copy).
+
+        `recipe` (the settings that produced them) is stored beside the fingerprints, so a run
+        killed before its first step reuses them instead of redoing the SFT (`initial_recipe`).
+        """
         path = self.directory / "initial"
         sums = _checksums_file(path)
         pure = _pure(params)
@@ -272,11 +277,19 @@ class RunCheckpointer:
         with ocp.StandardCheckpointer() as c:
             c.save(path, pure)
         if jax.process_index() == 0:
-            tmp = sums.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"params": digest}))
-            os.replace(tmp, sums)
             (self.directory / "model.json").write_text(
                 json.dumps(_model_signature(model_cfg), indent=1))
+            tmp = sums.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"params": digest, "recipe": recipe}))
+            os.replace(tmp, sums)  # last: its presence marks `initial/` as complete
+
+    def initial_recipe(self) -> dict[str, Any] | None:
+        """The `recipe` saved with a complete `initial/` (None if there is none)."""
+        sums = _checksums_file(self.directory / "initial")
+        try:
+            return json.loads(sums.read_text()).get("recipe")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def restore_initial(self, template: Any) -> Any:
         return restore_params(self.directory / "initial", template)
@@ -341,8 +354,8 @@ class RunCheckpointer:
             if bad:
                 self.quarantine([s for s, _ in bad])
             return state
-        raise FileNotFoundError(f"no checkpoint in {self.directory} could be restored (step "
-                                f"{bad[0][0]}: {bad[0][1]})")
+        raise CheckpointCorruptError(f"no checkpoint in {self.directory} could be restored (step "
+                                     f"{bad[0][0]}: {bad[0][1]}); nothing was moved")
 
     def quarantine(self, steps: list[int]) -> list[Path]:
         """Renames damaged steps to `<step>.corrupt-<UTC time>` (kept for inspection; Orbax

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from sagc_jax import __version__
@@ -45,39 +46,82 @@ def _train(argv: list[str]) -> int:
         if jax.process_index() == 0:
             print(format_report(report))
         return 0 if report["ok"] else 1
-    import jax
+    from sagc_jax.errors import Interrupted
+    from sagc_jax.train import train
 
-    from sagc_jax.runlock import RunDirLocked, RunLock
-    from sagc_jax.train import TrainingError, train
-
-    # Before anything is written to run.dir; process 0 holds it for all (see runlock.py).
-    lock = RunLock(cfg.run.dir, enabled=jax.process_index() == 0)
-    try:
-        lock.acquire()
-    except RunDirLocked as e:
-        print(f"sagc-jax train: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"sagc-jax train: error: {e}", file=sys.stderr)
-        return 1
+    _quiet_library_tracebacks()
     try:
         row = train(cfg)
-    except (TrainingError, ValueError, FileNotFoundError, FileExistsError, OSError) as e:
-        print(f"sagc-jax train: error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        lock.release()
+    except Interrupted as e:  # Ctrl-C / SIGTERM: 130 / 143, so scripts can tell it from done
+        print(f"sagc-jax train: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:  # before the run's own handlers were installed
+        print("sagc-jax train: interrupted (Ctrl-C) before training started", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get("SAGC_JAX_TRACEBACK"):
+            raise
+        print(f"sagc-jax train: error: {_train_error(e, cfg.run.dir)}", file=sys.stderr)
+        return 2 if isinstance(e, _input_errors()) else 1
     if row:
         print(f"[sagc-jax] done: step {row['step']}, reward {row['reward_mean']:.3f}, "
               f"G={row['group_size']}; outputs in {cfg.run.dir}")
     return 0
 
 
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean bad config or input (exit 2); anything else is a runtime failure (1)."""
+    from sagc_jax.checkpoint import CheckpointMismatchError
+    from sagc_jax.config import ConfigError
+    from sagc_jax.data.readers import DataError
+    from sagc_jax.data.tokenizer import TokenizerError
+    from sagc_jax.models.hf import ModelFileError
+    from sagc_jax.rl.rewards import RewardNameError
+    from sagc_jax.runlock import RunDirLocked
+
+    # FileNotFound / FileExists before step 1: init.params, model.path, run.resume vs run.dir.
+    return (ConfigError, DataError, TokenizerError, ModelFileError, RewardNameError,
+            CheckpointMismatchError, RunDirLocked, FileNotFoundError, FileExistsError)
+
+
+def _train_error(e: BaseException, run_dir: str) -> str:
+    """One line for a failed run: a full disk says what is kept; long messages are cut."""
+    import errno
+
+    chain, cur = [], e
+    while cur is not None and len(chain) < 8:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    if any(isinstance(x, OSError) and x.errno == errno.ENOSPC for x in chain):
+        return (f"run.dir {run_dir}: no space left on device; the checkpoints written before "
+                "are kept (a partial one is ignored). Free some space and rerun the same command "
+                "to resume")
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 800 else f"{text[:500]} ... {text[-250:]}"
+
+
+class _NoTraceback(logging.Filter):
+    """For library loggers that log exceptions with their traceback (Orbax via absl): the
+    exception reaches the command too, which reports it in one line, so the record keeps only
+    its message — and an I/O error's record (e.g. a full disk in a background save) is
+    dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], OSError):
+            return False
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+def _quiet_library_tracebacks() -> None:
+    log = logging.getLogger("absl")
+    if not any(isinstance(f, _NoTraceback) for f in log.filters):
+        log.addFilter(_NoTraceback())
+
+
 def _writable_file(path: str) -> str | None:
     """Why `path` cannot be written as a new or replaced file (None if it can), checked before
     a long computation whose result would be lost."""
-    import os
-
     p = os.path.abspath(path)
     if os.path.isdir(p):
         return "is a directory"
@@ -144,7 +188,6 @@ def _eval(argv: list[str]) -> int:
         print(f"{err} --out {args.out}: cannot write there ({why})", file=sys.stderr)
         return 2
     import json
-    import os
 
     from sagc_jax.config import ConfigError
     from sagc_jax.data.readers import DataError

@@ -138,7 +138,7 @@ def test_nothing_restorable_moves_nothing(saved, tmp_path):
     ck = _copy(saved, tmp_path)
     for step in STEPS:
         flip_bytes(ck.directory / str(step))
-    with pytest.raises(FileNotFoundError, match=r"could be restored.*step 2.*checksum"):
+    with pytest.raises(ckpt.CheckpointCorruptError, match=r"could be restored.*step 2.*checksum"):
         ck.restore_latest(saved["template"](), saved["mcfg"])
     assert sorted(p.name for p in ck.directory.iterdir() if p.name.isdigit()) == ["1", "2"]
 
