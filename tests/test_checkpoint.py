@@ -221,3 +221,35 @@ def test_second_train_on_a_locked_run_dir_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "run.dir" in err and f"pid {os.getpid()}" in err
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # nothing else written
+
+
+def test_full_disk_and_library_tracebacks_become_one_line(capsys):
+    import errno
+    import logging
+
+    from sagc_jax.cli import _quiet_library_tracebacks, _train_error
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("save failed") from e
+    except RuntimeError as e:
+        msg = _train_error(e, "/runs/x")
+    assert "\n" not in msg and "run.dir /runs/x: no space left" in msg and "resume" in msg
+    # Orbax logs its background-thread failures with tracebacks (via absl): the command
+    # reports them itself, so the records keep one line and I/O errors are dropped.
+    _quiet_library_tracebacks()
+    handler = logging.StreamHandler()  # writes to the current (captured) stderr
+    log = logging.getLogger("absl")
+    log.addHandler(handler)
+    try:
+        for exc in (OSError(errno.ENOSPC, "disk full"), ValueError("bad")):
+            try:
+                raise exc
+            except Exception:
+                log.exception("background save failed: %s", type(exc).__name__)
+    finally:
+        log.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["background save failed: ValueError"]
