@@ -269,7 +269,9 @@ def test_sigterm_during_compile_keeps_the_sft_work(tmp_path):
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT, start_new_session=True)
     try:
-        line = proc.stdout.readline()  # "fresh start; SFT loss ..." once initial/ is saved
+        for line in proc.stdout:  # "fresh start; SFT loss ..." once initial/ is saved
+            if "fresh start" in line:
+                break
         assert "fresh start; SFT loss" in line, line
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=600)
