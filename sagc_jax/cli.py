@@ -84,15 +84,26 @@ def _input_errors() -> tuple[type[BaseException], ...]:
             CheckpointMismatchError, RunDirLocked, FileNotFoundError, FileExistsError)
 
 
-def _train_error(e: BaseException, run_dir: str) -> str:
-    """One line for a failed run: a full disk says what is kept; long messages are cut."""
+_DISK_FULL = ("No space left on device", "os_error_code='28'")
+
+
+def _is_disk_full(e: BaseException | None) -> bool:
+    """ENOSPC as an OSError, or as Tensorstore's RESOURCE_EXHAUSTED text (Orbax's writes)."""
     import errno
 
-    chain, cur = [], e
-    while cur is not None and len(chain) < 8:
-        chain.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    if any(isinstance(x, OSError) and x.errno == errno.ENOSPC for x in chain):
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if any(m in str(e) for m in _DISK_FULL):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def _train_error(e: BaseException, run_dir: str) -> str:
+    """One line for a failed run: a full disk says what is kept; long messages are cut."""
+    if _is_disk_full(e):
         return (f"run.dir {run_dir}: no space left on device; the checkpoints written before "
                 "are kept (a partial one is ignored). Free some space and rerun the same command "
                 "to resume")
@@ -103,20 +114,39 @@ def _train_error(e: BaseException, run_dir: str) -> str:
 class _NoTraceback(logging.Filter):
     """For library loggers that log exceptions with their traceback (Orbax via absl): the
     exception reaches the command too, which reports it in one line, so the record keeps only
-    its message — and an I/O error's record (e.g. a full disk in a background save) is
-    dropped."""
+    its message — and the records of a failed write (an I/O error, a full disk in a background
+    save) are dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], OSError):
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, OSError) or _is_disk_full(exc) or any(
+                m in record.getMessage() for m in _DISK_FULL):
             return False
+        if record.levelno >= logging.ERROR and "background save thread" in record.getMessage():
+            return False  # Orbax re-raises it to the caller, which reports it
         record.exc_info, record.exc_text, record.stack_info = None, None, None
         return True
 
 
 def _quiet_library_tracebacks() -> None:
+    """Library tracebacks that would bury the command's own one-line error: absl log records
+    (`_NoTraceback`) and a full disk in a background writer thread (TensorBoard's), which
+    the main thread meets too and reports."""
+    import threading
+
     log = logging.getLogger("absl")
     if not any(isinstance(f, _NoTraceback) for f in log.filters):
         log.addFilter(_NoTraceback())
+    default = threading.excepthook
+    if getattr(default, "_sagc_quiet", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not _is_disk_full(args.exc_value):
+            default(args)
+
+    hook._sagc_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def _writable_file(path: str) -> str | None:
