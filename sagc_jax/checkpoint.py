@@ -5,9 +5,15 @@ Layout under `<run_dir>/checkpoints/`:
         params/ opt_state/ sagc/ data/ meta/
     initial/           params right after the SFT warm start (the KL reference; read, not copied)
 
-PRNG keys are derived from (run.seed, step), so the step *is* the RNG state. A newest checkpoint
-that fails to restore (truncated, corrupt) is reported and the previous one is used; a checkpoint
-of a different model shape is an error naming the mismatch, never a silent fallback.
+PRNG keys are derived from (run.seed, step), so the step *is* the RNG state.
+
+Integrity: every save stores a fingerprint of each saved array (`checksum.py`) in the step's
+`meta` item (and `initial.checksums.json` beside `initial/`); restore recomputes and compares
+them, so flipped bits are an error rather than silently wrong weights. A step that fails to
+restore (unreadable or a fingerprint mismatch) is reported, the previous step is used, and once an
+older step has restored the bad one is renamed `<step>.corrupt-<UTC time>`: the fallback does not
+repeat on every rerun and the step number can be saved again. A checkpoint of a different model
+shape is an error naming the mismatch, never a fallback.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +33,61 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from sagc_jax.checksum import fingerprints, fingerprints_np, mismatches
 from sagc_jax.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
+CORRUPT_TAG = ".corrupt-"
+CHECKSUMS_SUFFIX = ".checksums.json"
+
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint exists but belongs to an incompatible configuration."""
+
+
+class CheckpointCorruptError(RuntimeError):
+    """A checkpoint reads back different values than were saved (names the step and array)."""
+
+
+def warn(msg: str) -> None:
+    """A warning from process 0 only (every process sees the same checkpoints)."""
+    if jax.process_index() == 0:
+        logger.warning("%s", msg)
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB': human sizes that never round a real size down to '0 MiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" or n >= 100 else f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def tree_bytes(tree: Any) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def error_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
+
+
+def verify(what: str, tree: Any, saved: list[str] | None, *, host: bool = False) -> None:
+    """Raises CheckpointCorruptError if `tree`'s fingerprints differ from `saved` (None: a
+    checkpoint written before fingerprints existed, not checked)."""
+    if saved is None:
+        return
+    got = fingerprints_np(tree) if host else fingerprints(tree)
+    bad = mismatches(tree, saved, got)
+    if bad:
+        more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
+        raise CheckpointCorruptError(f"{what}: checksum mismatch in {', '.join(bad[:3])}{more}")
+
+
+def _checksums_file(path: Path) -> Path:
+    return path.parent / f"{path.name}{CHECKSUMS_SUFFIX}"
 
 
 @dataclasses.dataclass
@@ -92,16 +148,28 @@ def restore_params(path: str | Path, template: Any) -> Any:
 def restore_pure_params(path: str | Path, target: Any, step: int | None = None) -> Any:
     """Pure-dict params placed as `target` (ShapeDtypeStructs with shardings): from an
     `initial`-style directory (`step=None`) or the `params` item of CheckpointManager step
-    `step` in directory `path` (the optimizer state and the rest are not read)."""
+    `step` in directory `path` (the optimizer state and the rest are not read). Values are
+    verified against the saved fingerprints (`<dir>.checksums.json`, or the step's `meta`)."""
+    path = Path(path).absolute()
     if step is None:
         with ocp.StandardCheckpointer() as c:
-            return c.restore(Path(path).absolute(), target)
-    mngr = ocp.CheckpointManager(Path(path).absolute(),
-                                 options=ocp.CheckpointManagerOptions(create=False))
+            pure = c.restore(path, target)
+        sums = _checksums_file(path)
+        if sums.is_file():
+            try:
+                saved = json.loads(sums.read_text())["params"]
+            except (OSError, ValueError, KeyError) as e:
+                raise CheckpointCorruptError(f"{sums} is unreadable ({error_line(e)})") from None
+            verify(str(path), pure, saved)
+        return pure
+    mngr = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False))
     try:
-        got = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
+        got = mngr.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     finally:
         mngr.close()
+    sums = (got["meta"] or {}).get("checksums") or {}
+    verify(f"checkpoint step {step} in {path}: params", got["params"], sums.get("params"))
     return got["params"]
 
 
@@ -135,11 +203,39 @@ class RunCheckpointer:
             probe.write_bytes(b"x" * 1024)
             probe.unlink()
         except OSError as e:
-            raise OSError(f"checkpoint directory {self.directory} is not writable: {e}") from e
+            raise OSError(f"run.dir: checkpoint directory {self.directory} is not writable: "
+                          f"{e.strerror or e}") from None
         free = shutil.disk_usage(self.directory).free
         if free < min_free_bytes:
-            raise OSError(f"checkpoint directory {self.directory} has {free / 2**20:.0f} MiB free,"
-                          f" a checkpoint needs about {min_free_bytes / 2**20:.0f} MiB")
+            raise OSError(f"run.dir: {self.directory} has {format_bytes(free)} free, this run "
+                          f"needs about {format_bytes(min_free_bytes)}")
+
+    def bytes_needed(self, params: Any, opt_state: Any, *, steps: int) -> tuple[int, str]:
+        """(bytes the run will still write, how that was counted) for the disk pre-check.
+
+        The CheckpointManager writes a step before deleting the oldest, so up to `keep + 1`
+        checkpoints (params + optimizer state) exist at once, plus `initial/` (params). Steps and
+        `initial/` already on disk are already paid for.
+        """
+        per_ckpt = tree_bytes(params) + tree_bytes(opt_state)
+        saves = steps // self.every + 1 if self.every > 0 else 1  # + the final / signal save
+        existing = len(self._step_dirs())
+        count = max(min(self.keep + 1, saves) - existing, 0)
+        initial = 0 if (self.directory / "initial").is_dir() else tree_bytes(params)
+        how = (f"{count} checkpoint(s) of {format_bytes(per_ckpt)} (checkpoint.keep={self.keep}, "
+               f"{existing} already saved) + {format_bytes(initial)} initial params")
+        return count * per_ckpt + initial, how
+
+    def check_space(self, params: Any, opt_state: Any, *, steps: int) -> None:
+        """`check_writable` with the space the run really needs (see `bytes_needed`)."""
+        need, how = self.bytes_needed(params, opt_state, steps=steps)
+        try:
+            self.check_writable(need)
+        except OSError as e:
+            if "free" not in str(e):
+                raise
+            raise OSError(f"{e} ({how}); free some space, lower checkpoint.keep or choose "
+                          "another run.dir") from None
 
     # -------------------------------------------------------------- save
     def save(self, step: int, state: Snapshot, *, force: bool = False) -> bool:
@@ -148,26 +244,52 @@ class RunCheckpointer:
         if step in self.manager.all_steps():
             return False
         data = _data_items(state.data_iter)
-        meta = {"step": step, "sagc_keys": sorted(state.sagc), "data_items": len(data)}
+        params, opt = _pure(state.params), _flat(state.opt_state)
+        sagc = {k: np.asarray(v) for k, v in state.sagc.items()}
+        meta = {"step": step, "sagc_keys": sorted(state.sagc), "data_items": len(data),
+                # Computed on device before the async write, from the same arrays it copies.
+                "checksums": {"params": fingerprints(params), "opt_state": fingerprints(opt),
+                              "sagc": fingerprints_np(sagc)}}
         args = ocp.args.Composite(
-            params=ocp.args.StandardSave(_pure(state.params)),
-            opt_state=ocp.args.StandardSave(_flat(state.opt_state)),
-            sagc=ocp.args.StandardSave({k: np.asarray(v) for k, v in state.sagc.items()}),
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt),
+            sagc=ocp.args.StandardSave(sagc),
             meta=ocp.args.JsonSave(meta),
             **{k: grain.checkpoint.CheckpointSave(it) for k, it in data.items()},
         )
         return self.manager.save(step, args=args, force=True)
 
-    def save_initial(self, params: Any, model_cfg: ModelConfig) -> None:
-        """Params after the SFT warm start: the KL reference, re-read on resume (one copy)."""
+    def save_initial(self, params: Any, model_cfg: ModelConfig,
+                     recipe: dict[str, Any] | None = None) -> None:
+        """Params after the SFT warm start: the KL reference, re-read on resume (one copy).
+
+        `recipe` (the settings that produced them) is stored beside the fingerprints, so a run
+        killed before its first step reuses them instead of redoing the SFT (`initial_recipe`).
+        """
         path = self.directory / "initial"
+        sums = _checksums_file(path)
+        pure = _pure(params)
+        digest = fingerprints(pure)
+        if jax.process_index() == 0:
+            sums.unlink(missing_ok=True)  # never pair new params with old checksums
         if path.exists():
             shutil.rmtree(path)
         with ocp.StandardCheckpointer() as c:
-            c.save(path, _pure(params))
+            c.save(path, pure)
         if jax.process_index() == 0:
             (self.directory / "model.json").write_text(
                 json.dumps(_model_signature(model_cfg), indent=1))
+            tmp = sums.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"params": digest, "recipe": recipe}))
+            os.replace(tmp, sums)  # last: its presence marks `initial/` as complete
+
+    def initial_recipe(self) -> dict[str, Any] | None:
+        """The `recipe` saved with a complete `initial/` (None if there is none)."""
+        sums = _checksums_file(self.directory / "initial")
+        try:
+            return json.loads(sums.read_text()).get("recipe")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def restore_initial(self, template: Any) -> Any:
         return restore_params(self.directory / "initial", template)
@@ -188,6 +310,12 @@ class RunCheckpointer:
             return None
         return self.manager.latest_step()
 
+    def _step_dirs(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir()
+                      if p.is_dir() and p.name.isdigit())
+
     # -------------------------------------------------------------- restore
     def check_model(self, model_cfg: ModelConfig) -> None:
         path = self.directory / "model.json"
@@ -203,32 +331,63 @@ class RunCheckpointer:
                 "use another run.dir or the original model config")
 
     def restore_latest(self, template: Snapshot, model_cfg: ModelConfig) -> Snapshot | None:
-        """Newest restorable checkpoint, falling back past damaged ones; None if there is none."""
+        """Newest restorable checkpoint, falling back past damaged ones; None if there is none.
+
+        Damaged steps newer than the one restored are moved aside (`quarantine`). If no step
+        restores, nothing is moved (the cause may be this run, not the files) and the first
+        step's error is raised.
+        """
         if self.latest_step() is None:
             return None
         self.check_model(model_cfg)
+        bad: list[tuple[int, str]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                return self._restore(step, template)
+                state = self._restore(step, template)
             except CheckpointMismatchError:
                 raise
             except Exception as e:
-                logger.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back "
-                               "to the previous one", step, self.directory, type(e).__name__,
-                               str(e).splitlines()[0][:200])
-        raise FileNotFoundError(f"no checkpoint in {self.directory} could be restored")
+                bad.append((step, error_line(e)))
+                warn(f"checkpoint step {step} in {self.directory} is unreadable or corrupt "
+                      f"({bad[-1][1]}); falling back to the previous one")
+                continue
+            if bad:
+                self.quarantine([s for s, _ in bad])
+            return state
+        raise CheckpointCorruptError(f"no checkpoint in {self.directory} could be restored (step "
+                                     f"{bad[0][0]}: {bad[0][1]}); nothing was moved")
+
+    def quarantine(self, steps: list[int]) -> list[Path]:
+        """Renames damaged steps to `<step>.corrupt-<UTC time>` (kept for inspection; Orbax
+        ignores them), so the step can be saved again and the fallback does not repeat."""
+        self.close()  # the manager caches its step list
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        moved = []
+        if jax.process_index() == 0:
+            for step in steps:
+                src = self.directory / str(step)
+                dest = self.directory / f"{step}{CORRUPT_TAG}{stamp}"
+                os.replace(src, dest)
+                moved.append(dest)
+                warn(f"moved damaged checkpoint step {step} aside to {dest}")
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("sagc_jax_quarantine")
+        return moved
 
     def _restore(self, step: int, template: Snapshot) -> Snapshot:
         pure_t = _pure(template.params)
         flat_opt = _flat(template.opt_state)
         sagc_t = {k: np.asarray(v) for k, v in template.sagc.items()}
         meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        missing = set(sagc_t) - set(meta["meta"]["sagc_keys"])
+        meta = meta["meta"]
+        missing = set(sagc_t) - set(meta["sagc_keys"])
         if missing:
             raise CheckpointMismatchError(
                 f"checkpoint step {step}: SAGC state lacks {sorted(missing)}")
         data = _data_items(template.data_iter)
-        saved_items = meta["meta"].get("data_items", 1)
+        saved_items = meta.get("data_items", 1)
         if saved_items != len(data):
             raise CheckpointMismatchError(
                 f"checkpoint step {step}: written with {saved_items} data shard(s) per process, "
@@ -239,6 +398,12 @@ class RunCheckpointer:
             sagc=ocp.args.StandardRestore(sagc_t),
             **{k: grain.checkpoint.CheckpointRestore(it) for k, it in data.items()},
         ))
+        sums = meta.get("checksums") or {}
+        where = f"checkpoint step {step} in {self.directory}"
+        verify(f"{where}: params", got["params"], sums.get("params"))
+        verify(f"{where}: opt_state", got["opt_state"], sums.get("opt_state"))
+        verify(f"{where}: sagc", {k: np.asarray(v) for k, v in got["sagc"].items()},
+               sums.get("sagc"), host=True)
         params = jax.tree.map(lambda x: x, template.params)
         nnx.replace_by_pure_dict(params, got["params"])
         treedef = jax.tree.structure(template.opt_state)
@@ -246,4 +411,5 @@ class RunCheckpointer:
                                                  for i in range(len(flat_opt))])
         sagc = {k: np.asarray(v) for k, v in got["sagc"].items()}
         return Snapshot(step=step, params=params, opt_state=opt_state, sagc=sagc,
-                          data_iter=template.data_iter)
+                        data_iter=template.data_iter)
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from sagc_jax import __version__
@@ -45,23 +46,145 @@ def _train(argv: list[str]) -> int:
         if jax.process_index() == 0:
             print(format_report(report))
         return 0 if report["ok"] else 1
-    from sagc_jax.train import TrainingError, train
+    from sagc_jax.errors import Interrupted
+    from sagc_jax.train import train
 
+    _quiet_library_tracebacks()
     try:
         row = train(cfg)
-    except (TrainingError, ValueError, FileNotFoundError, FileExistsError, OSError) as e:
-        print(f"sagc-jax train: error: {e}", file=sys.stderr)
-        return 1
+    except Interrupted as e:  # Ctrl-C / SIGTERM: 130 / 143, so scripts can tell it from done
+        print(f"sagc-jax train: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:  # before the run's own handlers were installed
+        print("sagc-jax train: interrupted (Ctrl-C) before training started", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get("SAGC_JAX_TRACEBACK"):
+            raise
+        print(f"sagc-jax train: error: {_train_error(e, cfg.run.dir)}", file=sys.stderr)
+        return 2 if isinstance(e, _input_errors()) else 1
     if row:
         print(f"[sagc-jax] done: step {row['step']}, reward {row['reward_mean']:.3f}, "
               f"G={row['group_size']}; outputs in {cfg.run.dir}")
     return 0
 
 
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean bad config or input (exit 2); anything else is a runtime failure (1)."""
+    from sagc_jax.checkpoint import CheckpointMismatchError
+    from sagc_jax.config import ConfigError
+    from sagc_jax.data.readers import DataError
+    from sagc_jax.data.tokenizer import TokenizerError
+    from sagc_jax.models.hf import ModelFileError
+    from sagc_jax.rl.rewards import RewardNameError
+    from sagc_jax.runlock import RunDirLocked
+
+    # FileNotFound / FileExists before step 1: init.params, model.path, run.resume vs run.dir.
+    return (ConfigError, DataError, TokenizerError, ModelFileError, RewardNameError,
+            CheckpointMismatchError, RunDirLocked, FileNotFoundError, FileExistsError)
+
+
+_DISK_FULL = ("No space left on device", "os_error_code='28'")
+
+
+def _is_disk_full(e: BaseException | None) -> bool:
+    """ENOSPC as an OSError, or as Tensorstore's RESOURCE_EXHAUSTED text (Orbax's writes)."""
+    import errno
+
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if any(m in str(e) for m in _DISK_FULL):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def _train_error(e: BaseException, run_dir: str) -> str:
+    """One line for a failed run: a full disk says what is kept; long messages are cut."""
+    if _is_disk_full(e):
+        return (f"run.dir {run_dir}: no space left on device; the checkpoints written before "
+                "are kept (a partial one is ignored). Free some space and rerun the same command "
+                "to resume")
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 800 else f"{text[:500]} ... {text[-250:]}"
+
+
+class _NoTraceback(logging.Filter):
+    """For library loggers that log exceptions with their traceback (Orbax via absl): the
+    exception reaches the command too, which reports it in one line, so the record keeps only
+    its message — and the records of a failed write (an I/O error, a full disk in a background
+    save) are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, OSError) or _is_disk_full(exc) or any(
+                m in record.getMessage() for m in _DISK_FULL):
+            return False
+        if record.levelno >= logging.ERROR and "background save thread" in record.getMessage():
+            return False  # Orbax re-raises it to the caller, which reports it
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+def _quiet_library_tracebacks() -> None:
+    """Library tracebacks that would bury the command's own one-line error: absl log records
+    (`_NoTraceback`) and a full disk in a background writer thread (TensorBoard's), which
+    the main thread meets too and reports."""
+    import threading
+
+    log = logging.getLogger("absl")
+    if not any(isinstance(f, _NoTraceback) for f in log.filters):
+        log.addFilter(_NoTraceback())
+    default = threading.excepthook
+    if getattr(default, "_sagc_quiet", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not _is_disk_full(args.exc_value):
+            default(args)
+
+    hook._sagc_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
+def _writable_file(path: str) -> str | None:
+    """Why `path` cannot be written as a new or replaced file (None if it can), checked before
+    a long computation whose result would be lost."""
+    p = os.path.abspath(path)
+    if os.path.isdir(p):
+        return "is a directory"
+    parent = os.path.dirname(p)
+    while not os.path.exists(parent):  # created on write: check the nearest existing ancestor
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(p)
+                                                    and not os.access(p, os.W_OK)):
+        return "permission denied"
+    return None
+
+
 def _simulate(argv: list[str]) -> int:
     from sagc_jax.sagc.simulate import simulate_main
 
-    return simulate_main(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--out")
+    pre.add_argument("--plot")
+    known, _ = pre.parse_known_args(argv)
+    for flag in ("out", "plot"):
+        path = getattr(known, flag)
+        why = path is not None and _writable_file(path)
+        if why:
+            print(f"sagc-jax simulate: error: --{flag} {path}: cannot write there ({why})",
+                  file=sys.stderr)
+            return 2
+    try:
+        return simulate_main(argv)
+    except OSError as e:  # e.g. the disk filled while writing the result
+        print(f"sagc-jax simulate: error: {e}", file=sys.stderr)
+        return 1
 
 
 def _eval(argv: list[str]) -> int:
@@ -90,12 +213,16 @@ def _eval(argv: list[str]) -> int:
         if v is not None and v < (0 if name == "num_samples" else 1):
             print(f"{err} --{name.replace('_', '-')} must be positive, got {v}", file=sys.stderr)
             return 2
+    why = args.out is not None and _writable_file(args.out)
+    if why:
+        print(f"{err} --out {args.out}: cannot write there ({why})", file=sys.stderr)
+        return 2
     import json
-    import os
 
     from sagc_jax.config import ConfigError
     from sagc_jax.data.readers import DataError
     from sagc_jax.data.tasks import TASKS, get_task
+    from sagc_jax.data.tokenizer import TokenizerError
     from sagc_jax.evaluate import (
         CheckpointPathError,
         evaluate,
@@ -104,6 +231,7 @@ def _eval(argv: list[str]) -> int:
         load_policy,
         resolve_checkpoint,
     )
+    from sagc_jax.models.hf import ModelFileError
     from sagc_jax.rl.rewards import RewardFn, build_reward_fns
 
     try:
@@ -131,7 +259,8 @@ def _eval(argv: list[str]) -> int:
             chat_template=cfg.data.chat_template if cfg is not None else False,
             decode_chunk=s.decode_chunk if s else 16, details=args.out is not None,
             progress=not args.no_progress)
-    except (CheckpointPathError, ConfigError, DataError, FileNotFoundError) as e:
+    except (CheckpointPathError, ConfigError, DataError, FileNotFoundError, ModelFileError,
+            TokenizerError) as e:
         print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
         return 2
     except (ValueError, OSError, RuntimeError) as e:  # incl. RewardError, mismatched checkpoint
@@ -141,6 +270,7 @@ def _eval(argv: list[str]) -> int:
               **result}
     print(format_table(result))
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
     return 0
@@ -156,12 +286,14 @@ def _export(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     args = p.parse_args(argv)
+    from sagc_jax.data.tokenizer import TokenizerError
     from sagc_jax.evaluate import CheckpointPathError
     from sagc_jax.export import export
+    from sagc_jax.models.hf import ModelFileError
 
     try:
         dest = export(args.checkpoint, args.out, overwrite=args.force)
-    except (CheckpointPathError, FileExistsError) as e:
+    except (CheckpointPathError, FileExistsError, ModelFileError, TokenizerError) as e:
         print(f"sagc-jax export: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:

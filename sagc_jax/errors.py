@@ -6,3 +6,13 @@ from __future__ import annotations
 class TrainingError(RuntimeError):
     """A run cannot continue (non-finite loss, exhausted data...); the message says what was
     saved."""
+
+
+class Interrupted(BaseException):
+    """Ctrl-C / SIGTERM stopped the run. A BaseException, so the handlers that save state
+    around a failing step do not treat it as a failure; the CLI exits with 128 + `signum`.
+    The message says where the run stopped and what was saved."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum

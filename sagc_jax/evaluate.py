@@ -32,7 +32,13 @@ from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from sagc_jax.config import Config, load_config
-from sagc_jax.data.tokenizer import decode_completion, encode_prompt, load_tokenizer, stop_ids
+from sagc_jax.data.tokenizer import (
+    decode_completion,
+    encode_prompt,
+    load_run_tokenizer,
+    load_tokenizer,
+    stop_ids,
+)
 from sagc_jax.models import Transformer, from_pretrained
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.rl.rewards import RewardFn, score_groups
@@ -152,7 +158,10 @@ def _abstract_run_model(cfg: Config, tokenizer: Any) -> Transformer:
 
 def _restore_params(src: PolicySource, abstract_model: Transformer,
                     mesh: Mesh | None) -> Transformer:
-    """Restores only the params item of the checkpoint into `abstract_model`'s tree."""
+    """Restores only the params item of the checkpoint into `abstract_model`'s tree, verified
+    against the fingerprints saved with it."""
+    from sagc_jax import checkpoint as ckpt
+
     graphdef, state = nnx.split(abstract_model)
     pure = nnx.to_pure_dict(state)
     if mesh is not None:
@@ -162,14 +171,49 @@ def _restore_params(src: PolicySource, abstract_model: Transformer,
         shardings = jax.tree.map(lambda _: one, pure)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           pure, shardings)
-    from sagc_jax.checkpoint import restore_pure_params
-
     if src.kind == "initial":
-        params = restore_pure_params(src.path, target)
+        params = ckpt.restore_pure_params(src.path, target)
     else:
-        params = restore_pure_params(src.path.parent, target, step=src.step)
+        params = ckpt.restore_pure_params(src.path.parent, target, step=src.step)
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(graphdef, state)
+
+
+def _fallbacks(src: PolicySource, named: Path) -> list[PolicySource]:
+    """What to try, in order: `src`, then, when `named` is a run or checkpoints dir (not one
+    step), the older steps and `initial` (as training falls back past a damaged step)."""
+    if src.kind != "orbax" or named == src.path:
+        return [src]
+    ckpt_dir = src.path.parent
+    older = [PolicySource("orbax", ckpt_dir / str(s), src.run_dir, s)
+             for s in reversed(_steps(ckpt_dir)) if s < (src.step or 0)]
+    initial = ([PolicySource("initial", ckpt_dir / _INITIAL, src.run_dir)]
+               if (ckpt_dir / _INITIAL).is_dir() else [])
+    return [src, *older, *initial]
+
+
+def _restore_with_fallback(src: PolicySource, named: Path, abstract_model: Transformer,
+                           mesh: Mesh | None) -> Transformer:
+    """`_restore_params` of the newest restorable candidate (`_fallbacks`). Read-only: damaged
+    steps are reported, not moved (training moves them aside, under the run lock)."""
+    from sagc_jax import checkpoint as ckpt
+
+    candidates = _fallbacks(src, named)
+    first = ""
+    for cand in candidates:
+        try:
+            return _restore_params(cand, abstract_model, mesh)
+        except ckpt.CheckpointMismatchError:
+            raise
+        except Exception as e:
+            first = first or f"{cand.path}: {ckpt.error_line(e)}"
+            if cand is not candidates[-1]:
+                ckpt.warn(f"checkpoint {cand.path} is unreadable or corrupt "
+                          f"({ckpt.error_line(e)}); falling back to the previous one")
+    if len(candidates) == 1:
+        raise ckpt.CheckpointCorruptError(f"checkpoint {first}") from None
+    raise ckpt.CheckpointCorruptError(f"no checkpoint in {src.path.parent} could be restored "
+                                      f"(newest: {first})") from None
 
 
 def _hf_tokenizer(path: Path, cfg: Config | None) -> Any:
@@ -214,13 +258,15 @@ def load_policy(
 
         assert src.run_dir is not None
         cfg = load_config(src.run_dir / _RUN_CONFIG)
-        tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.model.tokenizer)
+        tok = (tokenizer if tokenizer is not None
+               else load_run_tokenizer(cfg.model.tokenizer, cfg.model.path))
         abstract = _abstract_run_model(cfg, tok)
         mcfg = abstract.cfg
         # model.json (written beside the steps) names any mismatch with config.yaml clearly,
         # before Orbax fails on a shape.
         RunCheckpointer(src.path.parent, every=0, keep=1).check_model(mcfg)
-        model = _restore_params(src, abstract, mesh)
+        model = _restore_with_fallback(src, Path(checkpoint).expanduser().absolute(), abstract,
+                                       mesh)
     if mcfg.vocab_size < len(tok):
         raise ValueError(f"model vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
                          f"{len(tok)} tokens (wrong tokenizer for {src.path}?)")

@@ -36,16 +36,18 @@ def export(
 
     Raises:
       CheckpointPathError: `checkpoint` is not loadable (see `load_policy`).
-      FileExistsError: `out` is the checkpoint itself, or exists and is not empty (unless
-        `overwrite`).
+      FileExistsError: `out` is the checkpoint itself, an existing file, or a directory that is
+        not empty (unless `overwrite`).
     """
     dest = Path(out).expanduser().absolute()
     src = Path(checkpoint).expanduser().absolute()
     if dest == src:
         raise FileExistsError(f"refusing to export into the checkpoint directory itself ({dest})")
+    if dest.exists() and not dest.is_dir():
+        raise FileExistsError(f"--out {dest} is an existing file, not a directory (choose a "
+                              "directory path; --force does not replace files)")
     # Only the writer checks: on a shared filesystem the others could see process 0's files.
-    if (jax.process_index() == 0 and not overwrite and dest.exists()
-            and (not dest.is_dir() or any(dest.iterdir()))):
+    if jax.process_index() == 0 and not overwrite and dest.is_dir() and any(dest.iterdir()):
         raise FileExistsError(f"export directory {dest} exists and is not empty "
                               "(choose another --out or pass --force)")
     model, tok, cfg = load_policy(src, tokenizer=tokenizer)

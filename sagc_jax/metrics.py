@@ -6,6 +6,7 @@ continues the same files (rows past the restored step are dropped first, see `tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -40,6 +41,21 @@ def truncate_after(path: Path, step: int) -> None:
         except json.JSONDecodeError:
             continue  # a row cut short by a kill
     path.write_text("".join(x + "\n" for x in keep))
+
+
+def _abandon_tensorboard(tb: Any) -> None:
+    """After a failed close (a full disk): stop its writer threads and mark them closed, so
+    tensorboardX's exit hook does not retry and print a traceback after the run's error."""
+    writers = [*getattr(tb, "all_writers", {}).values(), getattr(tb, "file_writer", None)]
+    for fw in writers:
+        ew = getattr(fw, "event_writer", None)
+        if ew is None or getattr(ew, "_closed", True):
+            continue
+        with contextlib.suppress(Exception):
+            ew._worker.stop()
+        with contextlib.suppress(Exception):
+            ew._ev_writer.close()
+        ew._closed = True
 
 
 class RunWriter:
@@ -80,9 +96,13 @@ class RunWriter:
         if not self.enabled:
             return
         if self._tb is not None:
-            self._tb.flush()
-            self._tb.close()
-            self._tb = None
+            tb, self._tb = self._tb, None
+            try:
+                tb.flush()
+                tb.close()
+            except OSError:
+                _abandon_tensorboard(tb)
+                raise
         if plots:
             from sagc_jax.plots import plot_run
 

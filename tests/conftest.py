@@ -13,3 +13,28 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+import logging  # noqa: E402  (after the environment above)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def sagc_log():
+    """Messages of the `sagc_jax` loggers during a test, whichever handlers the CLI installed
+    (it writes them to stdout and stops propagation, so caplog alone would miss them)."""
+    messages: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    log = logging.getLogger("sagc_jax")
+    handler, level = _Collect(logging.DEBUG), log.level
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    yield messages
+    log.removeHandler(handler)
+    log.setLevel(level)

@@ -119,7 +119,7 @@ def test_parse_policies_and_seeds():
 
 TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2",
-    "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short",
+    "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short", "data.task_max_steps=3",
     "data.prompts_per_step=2", "data.num_eval=8", "sagc.group_sizes=[2,4]",
     "sagc.initial_group_size=2", "sagc.warmup_steps=1", "sagc.timing=model",
     "sampling.max_new_tokens=32", "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8",

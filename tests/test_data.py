@@ -165,6 +165,21 @@ def test_read_jsonl_malformed(tmp_path, line, why):
     assert f"{p} line 3" in str(e.value)
 
 
+def test_read_jsonl_names_the_line_of_bad_bytes_and_the_real_json_column(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(DataError, match=rf"{p} line 2: not UTF-8 text \(byte 0xe9 at column 16"):
+        read_jsonl(p)
+    # An error at the end of a line is on that line (just past its last character), not
+    # "column 1" of the next.
+    p.write_text('{"prompt": "ok", "answer": "1"}\n{"prompt": "a", "answer": "1"\n')
+    with pytest.raises(DataError, match=r"line 2: bad JSON: Expecting ',' delimiter \(column 30"):
+        read_jsonl(p)
+    # A byte-order mark (some editors write one) is not a JSON error.
+    p.write_bytes(b'\xef\xbb\xbf{"prompt": "a", "answer": "1"}\n')
+    assert read_jsonl(p) == [{"prompt": "a", "answer": "1"}]
+
+
 def test_read_empty_and_missing(tmp_path):
     p = tmp_path / "empty.jsonl"
     p.write_text("\n")
@@ -355,3 +370,24 @@ def test_load_examples_from_config():
     assert load_examples(cfg.data, "train", seed=3)[:5] == make_arith_examples(
         5, seed=3, min_steps=2, max_steps=4
     )
+
+
+def test_prompt_lengths_are_checked_up_front():
+    from sagc_jax.data.lengths import check_prompt_lengths, prompt_lengths
+
+    tok = load_tokenizer(None)
+    rows = [{"prompt": "1+1="}, {"prompt": "12+34-5="}, {"prompt": "x" * 40}]
+    # Exactly what the pipeline feeds the sampler (bos + characters).
+    assert prompt_lengths(rows, tok) == [len(encode_prompt(tok, r["prompt"])) for r in rows]
+    assert check_prompt_lengths(rows[:2], tok, max_len=16, where="w") == 9
+    with pytest.raises(DataError, match=r"data.train_file t.jsonl: example 2 \(prompt starts "
+                                        r"'xxx.*is 41 tokens.*sampling.prompt_buckets entry 16"
+                                        r".*sampling.prompt_too_long"):
+        check_prompt_lengths(rows, tok, max_len=16, where="data.train_file t.jsonl")
+    # A generated task is bounded by its longest possible prompt, without generating 100k.
+    src = ArithSource(100_000, 0, 1, 12)
+    bound = check_prompt_lengths(src, tok, max_len=64, where="data.task")
+    assert bound == 1 + 2 + 2 * 12
+    assert max(len(encode_prompt(tok, src[i]["prompt"])) for i in range(300)) <= bound
+    with pytest.raises(DataError, match=r"data\.task arith: its longest prompts are 27 tokens"):
+        check_prompt_lengths(src, tok, max_len=16, where="data.task arith")

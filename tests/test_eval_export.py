@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import pathlib
 import re
 import shutil
@@ -265,3 +266,77 @@ def test_cli_eval_bad_data_and_bare_hf_without_data(run, hf_dir, tmp_path, capsy
     (bare / CONFIG_IN_HF_DIR).unlink()
     assert main(["eval", "--checkpoint", str(bare)]) == 2
     _one_line_error(capsys, "--data")
+
+
+# ---------------------------------------------------------------------------------- reliability
+
+
+def test_eval_and_export_fall_back_past_a_corrupt_step(run, tmp_path, capsys, sagc_log):
+    from test_checkpoint import flip_bytes
+
+    d = tmp_path / "run"
+    shutil.copytree(run["dir"], d)
+    newest = d / "checkpoints" / str(max(STEPS))
+    flip_bytes(newest)
+    model, _, _ = load_policy(d)
+    _assert_same(_params(model), run["saved"][STEPS[0]])
+    assert any(f"checkpoint {newest} is unreadable or corrupt" in m for m in sagc_log)
+    assert newest.is_dir()  # readers report, they do not move steps
+    # A damaged step named explicitly is an error, one line, exit 1 (not accuracy 0, exit 0).
+    with pytest.raises(ckpt.CheckpointCorruptError, match="checksum mismatch"):
+        load_policy(newest)
+    assert main(["eval", "--checkpoint", str(newest), "--data", "arith_short", "--limit", "1",
+                 "--num-samples", "0", "--no-progress"]) == 1
+    _one_line_error(capsys, "checksum mismatch")
+    assert main(["export", "--checkpoint", str(d), "--out", str(tmp_path / "hf")]) == 0
+    model, _, _ = load_policy(tmp_path / "hf")
+    _assert_same(_params(model), run["saved"][STEPS[0]])
+
+
+def test_export_out_file_and_weights_mode(run, hf_dir, tmp_path, capsys):
+    target = tmp_path / "model.bin"
+    target.write_text("x")
+    for force in ([], ["--force"]):
+        assert main(["export", "--checkpoint", str(run["dir"]), "--out", str(target),
+                     *force]) == 2
+        _one_line_error(capsys, f"--out {target} is an existing file")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (hf_dir / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_truncated_safetensors_is_one_line_naming_the_file(hf_dir, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    shutil.copytree(hf_dir, bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main(["eval", "--checkpoint", str(bad), "--data", "arith_short"]) == 2
+    _one_line_error(capsys, f"{weights} (")
+    assert main(["export", "--checkpoint", str(bad), "--out", str(tmp_path / "o")]) == 2
+    _one_line_error(capsys, "truncated")
+
+
+def test_run_tokenizer_comes_from_the_model_dir_or_must_fit_it(hf_dir, tmp_path):
+    from sagc_jax.data.tokenizer import TokenizerError, load_run_tokenizer
+
+    # model.tokenizer null: the model directory's own tokenizer.
+    assert len(load_run_tokenizer(None, str(hf_dir))) == 101
+    # No tokenizer files there and a vocabulary the built-in tokenizer does not fit: refused.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    (bare / "config.json").write_text(json.dumps({**cfg, "vocab_size": 400}))
+    with pytest.raises(TokenizerError, match=r"model.tokenizer is null.*101-token.*400"):
+        load_run_tokenizer(None, str(bare))
+    with pytest.raises(TokenizerError, match=r"model.tokenizer: .*101 tokens, more than "
+                                             r"model.path .*vocab_size 64"):
+        (bare / "config.json").write_text(json.dumps({**cfg, "vocab_size": 64}))
+        load_run_tokenizer(str(hf_dir), str(bare))
+    missing = tmp_path / "nope"
+    with pytest.raises(TokenizerError, match=f"model.path: {missing} does not exist"):
+        load_run_tokenizer(None, str(missing))
+    with pytest.raises(TokenizerError, match=f"model.tokenizer: tokenizer directory {missing} "
+                                             "does not exist"):
+        load_run_tokenizer(str(missing), None)
+    with pytest.raises(TokenizerError, match=f"model.tokenizer: no loadable tokenizer at {bare}"):
+        load_run_tokenizer(str(bare), None)

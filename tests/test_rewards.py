@@ -118,6 +118,24 @@ def test_resolve_reward():
     assert set(BUILTIN_REWARDS) == {"exact_answer", "gsm8k", "format"}
 
 
+def test_reward_module_in_the_current_directory(tmp_path, monkeypatch):
+    """As the installed `sagc-jax` script runs it: the working directory is not on sys.path."""
+    import os
+    import sys
+
+    from sagc_jax.rl.rewards import RewardNameError
+
+    (tmp_path / "cwd_reward_mod_xyz.py").write_text("def score(prompts, completions, **kw):\n"
+                                                    "    return [0.5] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    fn = resolve_reward("cwd_reward_mod_xyz:score")
+    assert fn(["p"], ["c"]) == [0.5]
+    with pytest.raises(RewardNameError, match=rf"no module 'nope_xyz' in the current directory "
+                                              rf"\({tmp_path}\)"):
+        resolve_reward("nope_xyz:f")
+
+
 def test_build_reward_fns():
     fns = build_reward_fns({"exact_answer": 1.0, "format": 0.2})
     assert [(f.name, f.weight) for f in fns] == [("exact_answer", 1.0), ("format", 0.2)]

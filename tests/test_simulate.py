@@ -226,3 +226,18 @@ def test_ramp_and_bimodal_workloads():
     plain = parse_sim_config(SMALL).workload.draw(3).lengths
     other = {**SMALL, "workload": {**SMALL["workload"], "hard_median_length": 999}}
     np.testing.assert_array_equal(parse_sim_config(other).workload.draw(3).lengths, plain)
+
+
+def test_unwritable_out_is_refused_before_simulating(tmp_path, capsys):
+    from sagc_jax.cli import main
+
+    cfg = _write(tmp_path, SMALL)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for flag in ("--out", "--plot"):
+        assert main(["simulate", "--config", str(cfg), flag, str(blocker / "r.json")]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""  # refused before the run, not after the table
+        assert len(err.strip().splitlines()) == 1 and f"{flag} {blocker / 'r.json'}" in err
+    assert main(["simulate", "--config", str(cfg), "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err

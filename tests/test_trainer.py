@@ -126,9 +126,18 @@ def test_corrupt_newest_checkpoint_falls_back(reference_run, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "checkpoint step 8" in out and "falling back" in out
+    assert "moved damaged checkpoint step 8 aside" in out
     assert "resumed from step 7" in out
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 10))
+    # The damaged step was moved aside, so steps 8 and 9 were saved again: the run is whole.
+    ckpts = run_dir / "checkpoints"
+    assert [p.name.split(".")[0] for p in ckpts.iterdir() if ".corrupt-" in p.name] == ["8"]
+    assert {8, 9} <= set(ocp.CheckpointManager(ckpts).all_steps())
+    from sagc_jax.evaluate import load_policy
+
+    load_policy(run_dir)
+    assert "corrupt" not in capsys.readouterr().out
 
 
 def test_incompatible_checkpoint_is_a_clear_error(reference_run, tmp_path, capsys):
@@ -136,10 +145,23 @@ def test_incompatible_checkpoint_is_a_clear_error(reference_run, tmp_path, capsy
 
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
+    before = (run_dir / "config.yaml").read_text()
     code = main(["train", *TINY, f"run.dir={run_dir}", "run.steps=9", "model.hidden_size=48"])
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2
     assert "hidden_size: checkpoint 32 vs config 48" in err
+    # The failed resume left the run's own config alone: it can still be evaluated and rerun.
+    assert (run_dir / "config.yaml").read_text() == before
+
+
+def test_finished_run_says_so_before_compiling(reference_run, tmp_path, capsys):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    assert main(["train", *TINY, f"run.dir={run_dir}", "run.steps=8"]) == 0
+    out = capsys.readouterr().out
+    assert "already finished" in out and "run.steps" in out and "compiled" not in out
 
 
 def test_unwritable_run_dir_fails_before_training(tmp_path, capsys):
@@ -183,15 +205,33 @@ def test_malformed_dataset_row_names_file_and_line(tmp_path, capsys):
     code = main(["train", *TINY, f"run.dir={tmp_path / 'run'}", "run.steps=1", "data.task=null",
                  f"data.train_file={data}", "init.sft_steps=0"])
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2
     assert "train.jsonl" in err and "line 2" in err
+
+
+def test_too_long_prompt_and_bad_reward_are_refused_before_step_1(tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "answer": "2"}) + "\n"
+                            for p in ("1+1=", "1+" * 20 + "1=", "2+2=")))
+    code = main(["train", *TINY, f"run.dir={tmp_path / 'run'}", "run.steps=1", "data.task=null",
+                 f"data.train_file={data}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "example 1" in err and "sampling.prompt_buckets" in err
+    assert "sampling.prompt_too_long" in err
+    assert not (tmp_path / "run" / "checkpoints" / "initial").exists()  # before the SFT
+    for name in ("no_such_reward", "no_such_module_xyz:f"):
+        code = main(["train", *TINY, f"run.dir={tmp_path / 'run2'}", "run.steps=1",
+                     f"rewards=[{{name: '{name}', weight: 1.0}}]"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and name in err
 
 
 def test_full_disk_is_detected_before_training(tmp_path):
     from sagc_jax.checkpoint import RunCheckpointer
 
     ck = RunCheckpointer(tmp_path / "ck", every=1, keep=1)
-    with pytest.raises(OSError, match="MiB free"):
+    with pytest.raises(OSError, match=r"run.dir: .* free, this run needs about 909495 TiB"):
         ck.check_writable(min_free_bytes=10**18)
 
 
@@ -212,12 +252,39 @@ def test_sigint_stops_after_the_current_step_and_saves(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err[-2000:]
-    assert "stopped by signal" in out
+    assert proc.returncode == 130, err[-2000:]  # not 0: a script can tell it from a finished run
+    assert "done:" not in out
+    assert "stopped by signal" in err and len(err.strip().splitlines()) == 1
     done = len(metrics.read_text().splitlines())
     assert 2 <= done < 50
     step, _ = _final_params(run_dir)
     assert step == done
+
+
+def test_sigterm_during_compile_keeps_the_sft_work(tmp_path):
+    """SIGTERM after the SFT warm start (while compiling): exit 143 with one line; the rerun
+    starts from the saved `checkpoints/initial` instead of redoing the SFT."""
+    run_dir = tmp_path / "run"
+    cmd = _cli(run_dir, "run.steps=1")
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True)
+    try:
+        for line in proc.stdout:  # "fresh start; SFT loss ..." once initial/ is saved
+            if "fresh start" in line:
+                break
+        assert "fresh start; SFT loss" in line, line
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-2000:]
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err[-2000:]
+    assert not (run_dir / "metrics.jsonl").exists() or not read_jsonl(run_dir / "metrics.jsonl")
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "SFT not redone" in r.stdout and "SFT loss" not in r.stdout
+    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [1]
 
 
 def test_simulate_replays_a_real_trace(reference_run, tmp_path):

@@ -79,26 +79,31 @@ def read_jsonl(
     path = os.fspath(path)
     rows: list[dict[str, Any]] = []
     try:
-        fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+        fh = open(path, "rb")  # noqa: SIM115 - closed below; decoded per line to name the line
     except OSError as exc:
-        raise DataError(f"{path}: cannot open dataset file: {exc}") from exc
+        raise DataError(f"{path}: cannot open dataset file: {exc.strerror or exc}") from exc
     with fh:
-        try:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path} line {lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from exc
-                rows.append(
-                    normalize_row(
-                        obj, where=where, prompt_column=prompt_column, answer_column=answer_column
-                    )
+        for lineno, raw in enumerate(fh, start=1):
+            where = f"{path} line {lineno}"
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                f"{exc.start + 1})") from None
+            # Without the line break, an error at the end of the line is reported on this
+            # line's last column, not as "line 2 column 1" of the one-line document.
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from exc
+            rows.append(
+                normalize_row(
+                    obj, where=where, prompt_column=prompt_column, answer_column=answer_column
                 )
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}: not UTF-8 text: {exc}") from exc
+            )
     if not rows:
         raise DataError(f"{path}: dataset is empty (no rows)")
     return rows

@@ -178,6 +178,12 @@ class ArithSource(Sequence[dict[str, Any]]):
     def __len__(self) -> int:
         return self._n
 
+    def longest_prompts(self) -> list[str]:
+        """Prompts of the longest possible length (`max_steps` single-digit steps): checking
+        these bounds every prompt of the source without generating them all."""
+        steps = self._kw["max_steps"]
+        return ["9" + "-9" * steps + "=", "0" + "+9" * steps + "="]
+
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
 

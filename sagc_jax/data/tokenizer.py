@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.resources
+import json
 import os
 from collections.abc import Iterable, Sequence
 
@@ -19,13 +20,23 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 __all__ = [
     "PACKAGED_TOKENIZER",
+    "TokenizerError",
     "decode_completion",
     "encode_prompt",
     "encode_text",
+    "load_run_tokenizer",
     "load_tokenizer",
     "packaged_tokenizer_dir",
     "stop_ids",
 ]
+
+#: Files that make a directory a Hugging Face tokenizer directory.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class TokenizerError(ValueError):
+    """`model.tokenizer` / `model.path` name no usable tokenizer, or one that does not fit the
+    model (the message names the key)."""
 
 #: Name accepted by :func:`load_tokenizer` (besides ``None``) for the packaged asset.
 PACKAGED_TOKENIZER = "sagc-char"
@@ -62,6 +73,63 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> PreTrainedToke
         raise ValueError(f"cannot load tokenizer from {where!r}: {exc}") from exc
     if tok.pad_token_id is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
+    return tok
+
+
+def _looks_like_path(name: str) -> bool:
+    return os.sep in name or name.startswith(("~", ".")) or os.path.exists(name)
+
+
+def has_tokenizer(directory: str | os.PathLike[str]) -> bool:
+    return any(os.path.isfile(os.path.join(directory, f)) for f in TOKENIZER_FILES)
+
+
+def load_run_tokenizer(
+    tokenizer: str | None, model_path: str | None
+) -> PreTrainedTokenizerBase:
+    """The tokenizer a run uses, checked against the model before anything is built.
+
+    `model.tokenizer` if set; else `model.path`'s own tokenizer files if it has them; else the
+    packaged char-level tokenizer — which, with `model.path` set, must match that model's
+    vocabulary size exactly (a 400-token model with the 101-token built-in is refused, not
+    trained). A tokenizer with more tokens than the model's vocabulary is refused too.
+
+    Raises:
+      TokenizerError: one line naming `model.path` / `model.tokenizer` and what is wrong.
+    """
+    vocab = None
+    if model_path is not None:
+        if not os.path.isdir(model_path):
+            what = "does not exist" if not os.path.exists(model_path) else "is not a directory"
+            raise TokenizerError(f"model.path: {model_path} {what}")
+        try:
+            with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+                vocab = int(json.load(f)["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            vocab = None  # from_pretrained names the config problem
+    source = tokenizer
+    if source is None and model_path is not None and has_tokenizer(model_path):
+        source = model_path
+    key = "model.tokenizer" if tokenizer is not None else "model.path"
+    if source not in (None, PACKAGED_TOKENIZER):
+        if _looks_like_path(source) and not os.path.isdir(os.path.expanduser(source)):
+            raise TokenizerError(f"{key}: tokenizer directory {source} does not exist")
+        try:
+            tok = load_tokenizer(os.path.expanduser(source))
+        except ValueError:
+            raise TokenizerError(
+                f"{key}: no loadable tokenizer at {source} (not a tokenizer directory nor a model "
+                "id in the local Hugging Face cache)") from None
+    else:
+        tok = load_tokenizer(None)
+    if vocab is not None and len(tok) > vocab:
+        raise TokenizerError(f"{key}: tokenizer {source or PACKAGED_TOKENIZER} has {len(tok)} "
+                             f"tokens, more than model.path {model_path}'s vocab_size {vocab}")
+    if vocab is not None and source in (None, PACKAGED_TOKENIZER) and vocab != len(tok):
+        raise TokenizerError(
+            f"model.tokenizer is null and model.path {model_path} has no tokenizer files: the "
+            f"built-in {len(tok)}-token tokenizer does not fit its vocab_size {vocab}; set "
+            "model.tokenizer to the model's tokenizer directory")
     return tok
 
 

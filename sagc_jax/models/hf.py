@@ -93,6 +93,22 @@ def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class ModelFileError(ValueError):
+    """A model directory's config.json or weights file is missing, truncated or malformed (the
+    message names the file)."""
+
+
+def _open_safetensors(path: str, stack: contextlib.ExitStack):
+    """safe_open, with a damaged file reported as one line naming it (not a SafetensorError)."""
+    try:
+        return stack.enter_context(safe_open(path, framework="numpy"))
+    except Exception as e:  # SafetensorError (truncated / bad header), OSError
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelFileError(f"{path} ({size} bytes) is not a readable safetensors file: {msg} "
+                             "(truncated or incomplete download?)") from None
+
+
 class _SafetensorsReader:
     """Name -> (file, lazy handle) over one or several safetensors files.
 
@@ -106,20 +122,23 @@ class _SafetensorsReader:
         if os.path.exists(single_path):
             self.source = single_path
             files = {WEIGHTS_FILE}
-            self._handles = {WEIGHTS_FILE: stack.enter_context(
-                safe_open(single_path, framework="numpy"))}
+            self._handles = {WEIGHTS_FILE: _open_safetensors(single_path, stack)}
             self.file_of = dict.fromkeys(self._handles[WEIGHTS_FILE].keys(), WEIGHTS_FILE)
         elif os.path.exists(index_path):
             self.source = index_path
-            with open(index_path) as f:
-                weight_map: dict[str, str] = json.load(f)["weight_map"]
+            try:
+                with open(index_path, encoding="utf-8") as f:
+                    weight_map: dict[str, str] = json.load(f)["weight_map"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ModelFileError(f"{index_path} is not a valid safetensors index "
+                                     f"({type(e).__name__}: {e})") from None
             files = set(weight_map.values())
             self._handles = {}
             for fname in sorted(files):
                 fpath = os.path.join(directory, fname)
                 if not os.path.exists(fpath):
                     raise FileNotFoundError(f"{fpath} is listed in {index_path} but missing")
-                self._handles[fname] = stack.enter_context(safe_open(fpath, framework="numpy"))
+                self._handles[fname] = _open_safetensors(fpath, stack)
             self.file_of = dict(weight_map)
         else:
             raise FileNotFoundError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in {directory}")
@@ -187,8 +206,18 @@ def from_pretrained(
       FileNotFoundError: no config or weights.
     """
     path = os.fspath(path)
-    with open(os.path.join(path, CONFIG_FILE)) as f:
-        cfg = from_hf_dict(json.load(f), dtype=dtype)
+    cfg_file = os.path.join(path, CONFIG_FILE)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    try:
+        with open(cfg_file, encoding="utf-8") as f:
+            hf_dict = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} has no {CONFIG_FILE} (not a Hugging Face model "
+                                "directory)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelFileError(f"{cfg_file} is not valid JSON ({e})") from None
+    cfg = from_hf_dict(hf_dict, dtype=dtype)
 
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -274,6 +303,11 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *, tokenizer: A
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
         json.dump(hf_config, f, indent=2)
-    save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})
+    weights = os.path.join(path, WEIGHTS_FILE)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    # safetensors writes through a private temp file (mode 0600); give it a normal file's mode.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(weights, 0o666 & ~umask)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)

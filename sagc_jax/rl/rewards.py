@@ -21,7 +21,9 @@ import dataclasses
 import importlib
 import logging
 import math
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -52,6 +54,10 @@ RewardCallable = Callable[..., Sequence[Any]]
 
 class RewardError(RuntimeError):
     """A reward function raised or returned something unusable."""
+
+
+class RewardNameError(ValueError):
+    """A reward name that resolves to no callable (a config error: the message names it)."""
 
 
 # ----------------------------------------------------------------------------- answer parsing
@@ -188,33 +194,54 @@ def resolve_reward(name: str) -> RewardCallable:
     """A reward callable from a built-in name or ``"package.module:function"``.
 
     Raises:
-      ValueError: unknown built-in (lists them), unimportable module, missing or non-callable
-        attribute — each message names what was asked for.
+      RewardNameError: unknown built-in (lists them), unimportable module, missing or
+        non-callable attribute — each message names what was asked for.
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+        raise RewardNameError(f"reward name must be a non-empty string, got {name!r}")
     if name in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[name]
     if ":" not in name:
-        raise ValueError(
+        raise RewardNameError(
             f"unknown reward {name!r}; built-ins: {', '.join(sorted(BUILTIN_REWARDS))} "
             "(or use 'package.module:function')"
         )
     mod_name, _, attr = name.partition(":")
     if not mod_name or not attr:
-        raise ValueError(f"reward {name!r}: expected 'package.module:function'")
-    try:
-        module = importlib.import_module(mod_name)
-    except Exception as exc:
-        raise ValueError(f"reward {name!r}: cannot import module {mod_name!r}: {exc}") from exc
+        raise RewardNameError(f"reward {name!r}: expected 'package.module:function'")
+    module = _import_reward_module(name, mod_name)
     fn: Any = module
     for part in attr.split("."):
         if not hasattr(fn, part):
-            raise ValueError(f"reward {name!r}: module {mod_name!r} has no attribute {attr!r}")
+            raise RewardNameError(
+                f"reward {name!r}: module {mod_name!r} has no attribute {attr!r}")
         fn = getattr(fn, part)
     if not callable(fn):
-        raise ValueError(f"reward {name!r}: {attr!r} is not callable")
+        raise RewardNameError(f"reward {name!r}: {attr!r} is not callable")
     return fn
+
+
+def _import_reward_module(name: str, mod_name: str) -> Any:
+    """Imports a reward's module; a module in the current directory is found too (as with
+    `python -m`), also when running the installed `sagc-jax` script, whose sys.path lacks it."""
+    cwd = os.getcwd()
+    top = mod_name.split(".")[0]
+    for attempt in range(2):
+        try:
+            return importlib.import_module(mod_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != top:  # the module exists but imports something missing
+                raise RewardNameError(f"reward {name!r}: cannot import module {mod_name!r}: "
+                                      f"{exc}") from None
+            if attempt or cwd in sys.path or "" in sys.path:
+                break
+            sys.path.append(cwd)
+        except Exception as exc:
+            raise RewardNameError(f"reward {name!r}: importing module {mod_name!r} failed: "
+                                  f"{type(exc).__name__}: {exc}") from None
+    raise RewardNameError(f"reward {name!r}: cannot import module {mod_name!r}: no module "
+                          f"{top!r} in the current directory ({cwd}) or on the Python path "
+                          "(set PYTHONPATH to its directory)")
 
 
 @dataclasses.dataclass(frozen=True)

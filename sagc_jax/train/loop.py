@@ -16,22 +16,25 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from sagc_jax import checkpoint as ckpt
-from sagc_jax.config import Config, save_config
+from sagc_jax.config import Config, config_to_dict, save_config
 from sagc_jax.errors import TrainingError
 from sagc_jax.evaluate import greedy_accuracy
 from sagc_jax.rl.batch import make_batch
 from sagc_jax.rollout import collect, global_view, rollout_key
+from sagc_jax.runlock import RunLock
 from sagc_jax.sagc.observation import observation_from
 from sagc_jax.sampling import compile_count
 from sagc_jax.train.setup import Run, build_run
 from sagc_jax.train.sft import progress_bar, sft_warm_start
+from sagc_jax.train.signals import StopFlag
 from sagc_jax.train.state import copy_params
 
 logger = logging.getLogger("sagc_jax.train")
@@ -51,45 +54,80 @@ def _snapshot(run: Run, step: int) -> ckpt.Snapshot:
                          sagc=run.policy.state, data_iter=list(run.prompts.iterators))
 
 
-def _fresh_params(run: Run) -> list[float]:
-    """Initial params from `init.params` or the SFT warm start; returns the SFT losses."""
+def _no_stop(where: str) -> None:
+    """`StopFlag.check` stand-in when no signals are watched."""
+
+
+def _recipe(cfg: Config) -> dict[str, Any]:
+    """What `checkpoints/initial` depends on (JSON form): reused only if it is unchanged."""
+    s = cfg.sampling
+    return json.loads(json.dumps({
+        "init": config_to_dict(cfg.init), "data": config_to_dict(cfg.data),
+        "seed": cfg.run.seed, "sft_len": s.prompt_buckets[-1] + s.max_new_tokens}))
+
+
+def _saved_warm_start(run: Run) -> bool:
+    """Loads `checkpoints/initial` into the state when a run killed before its first step left
+    one for the same model and recipe (so the SFT is not redone); False otherwise."""
+    if run.ckpt.initial_recipe() != _recipe(run.cfg):
+        return False
+    try:
+        run.ckpt.check_model(run.model_cfg)
+        run.state.params = run.ckpt.restore_initial(run.state.params)
+    except Exception as e:  # another model, or damaged: redo it
+        ckpt.warn(f"checkpoints/initial not reused ({ckpt.error_line(e)}); redoing it")
+        return False
+    return True
+
+
+def _fresh_params(run: Run, check: Callable[[str], None]) -> str:
+    """Initial params from a saved warm start, `init.params` or the SFT warm start (then saved
+    as `checkpoints/initial`); says which."""
     cfg = run.cfg
+    if _saved_warm_start(run):
+        return "fresh start from the warm start saved in checkpoints/initial (SFT not redone)"
     if cfg.init.params:
         run.state.params = ckpt.restore_params(cfg.init.params, run.state.params)
-        return []
-    run.state.params, losses = sft_warm_start(
-        cfg, run.state.params, graphdef=run.graphdef, param_shardings=run.param_shardings,
-        mesh=run.mesh, examples=run.train_examples, tokenizer=run.tokenizer,
-        progress=run.show_progress)
-    return losses
+        how = f"fresh start from init.params {cfg.init.params}"
+    else:
+        run.state.params, losses = sft_warm_start(
+            cfg, run.state.params, graphdef=run.graphdef, param_shardings=run.param_shardings,
+            mesh=run.mesh, examples=run.train_examples, tokenizer=run.tokenizer,
+            progress=run.show_progress, check=check)
+        how = f"fresh start; SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else \
+            "fresh start"
+    run.ckpt.save_initial(run.state.params, run.model_cfg, recipe=_recipe(cfg))
+    return how
 
 
-def restore_or_init(run: Run) -> str:
-    """Resumes from the newest good checkpoint (run.resume), else initialises; says which."""
-    mode = run.cfg.run.resume
-    # params + AdamW moments, twice over (a checkpoint being written while `keep` exist).
-    run.ckpt.check_writable(min_free_bytes=6 * run.state.param_bytes())
+def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> str:
+    """Resumes from the newest good checkpoint (run.resume), else initialises; says which.
+
+    `config.yaml` is written only once the run dir's checkpoints are known to fit this config,
+    so a refused resume (another model, group sizes...) leaves the run's own config in place.
+    """
+    cfg = run.cfg
+    mode = cfg.run.resume
+    run.ckpt.check_space(run.state.params, run.state.opt_state, steps=cfg.run.steps)
     restored = None
     if mode != "never":
         restored = run.ckpt.restore_latest(_snapshot(run, 0), run.model_cfg)
-    beta = run.cfg.algo.beta
+    if restored is None and mode == "required":
+        raise FileNotFoundError(f"run.resume=required but no checkpoint in {run.ckpt.directory}")
+    if restored is None and mode == "never" and run.ckpt.latest_step() is not None:
+        raise FileExistsError(f"{run.ckpt.directory} already holds checkpoints and "
+                              "run.resume=never; choose another run.dir")
+    if run.hosts.is_main:
+        save_config(cfg, run.run_dir / "config.yaml")
+    beta = cfg.algo.beta
     if restored is None:
-        if mode == "required":
-            raise FileNotFoundError(f"run.resume=required but no checkpoint in "
-                                    f"{run.ckpt.directory}")
-        if run.ckpt.latest_step() is not None and mode == "never":
-            raise FileExistsError(f"{run.ckpt.directory} already holds checkpoints and "
-                                  "run.resume=never; choose another run.dir")
         t0 = time.perf_counter()
-        sft = _fresh_params(run)
+        how = _fresh_params(run, check)
         run.timing["sft_s"] = time.perf_counter() - t0
-        run.ckpt.save_initial(run.state.params, run.model_cfg)
         # The reference must survive donation of the params in the train step.
         run.learner.ref_params = copy_params(run.state.params) if beta > 0 else None
         run.writer.resume_from(0)
-        if sft:
-            return f"fresh start; SFT loss {sft[0]:.3f} -> {sft[-1]:.3f}"
-        return "fresh start"
+        return how
     run.state.params, run.state.opt_state = restored.params, restored.opt_state
     run.state.step = restored.step
     run.policy.load_state(restored.sagc)
@@ -99,13 +137,18 @@ def restore_or_init(run: Run) -> str:
     return f"resumed from step {run.state.step}"
 
 
-def warm_up(run: Run) -> float:
-    """Compiles every shape (samplers, train steps, gathers) ahead of step 1; returns seconds."""
+def warm_up(run: Run, check: Callable[[str], None] = _no_stop) -> float:
+    """Compiles every shape (samplers, train steps, gathers) ahead of step 1; returns seconds.
+    `check` is called between compile phases (a pending Ctrl-C stops there)."""
     t0 = time.perf_counter()
+    where = "while compiling (the initial params are saved in checkpoints/initial)"
     run.sampler.compile_all(progress=run.show_progress)
+    check(where)
     if run.eval is not None:
         run.eval.sampler.compile_all(progress=run.show_progress)
+        check(where)
     run.learner.warm_up(run.state, run.plan)
+    check(where)
     # Host-side eager ops (key derivation, the lr schedule for logging) compile once per
     # signature: do it here so `compiles` is 0 from step 1 on.
     rollout_key(run.cfg.run.seed, 0, 0)
@@ -227,31 +270,6 @@ def guarded_step(run: Run, step: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- the loop
-class _StopFlag:
-    """Ctrl-C / SIGTERM: stop after the current step; a second one stops now."""
-
-    def __init__(self) -> None:
-        self.set = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        def handler(signum, frame):
-            if self.set:
-                raise KeyboardInterrupt
-            self.set = True
-
-        self._old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for s in self._old:
-            with contextlib.suppress(ValueError):  # not in the main thread
-                signal.signal(s, handler)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, h in self._old.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(s, h)
-
-
 def _initial_eval(run: Run) -> None:
     acc = eval_greedy(run)
     _log(run, "held-out greedy accuracy before GRPO: %.3f (%d problems)", acc,
@@ -270,39 +288,61 @@ def _report(run: Run, bar: Any, step: int, row: dict[str, Any]) -> None:
              row["group_size"], row["straggler_rate"], row["step_s"])
 
 
-def run_loop(run: Run) -> dict[str, Any]:
+def _close(run: Run, *, quietly: bool) -> None:
+    """Finishes pending checkpoint writes and the metrics writer; when the run is already
+    failing (`quietly`), their own errors (often the same full disk) are not raised again."""
+    for fn in (run.ckpt.wait, lambda: run.writer.close(plots=run.cfg.run.plots)):
+        try:
+            fn()
+        except Exception:
+            if not quietly:
+                raise
+
+
+def run_loop(run: Run, stop: StopFlag | None = None) -> dict[str, Any]:
     """Restore-or-init, warm up, then steps until `run.steps` or a signal; returns the last
-    metrics row ({} when no step ran)."""
-    cfg = run.cfg
+    metrics row ({} when no step ran). A signal (`stop`) ends it with `Interrupted` at the next
+    safe point: after the current step, with that step saved."""
+    check = stop.check if stop is not None else _no_stop
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    if run.hosts.is_main:
-        save_config(cfg, run.run_dir / "config.yaml")
-    how = restore_or_init(run)
+    try:
+        last = _run(run, stop, check)
+    except BaseException:
+        _close(run, quietly=True)
+        raise
+    _close(run, quietly=False)
+    return last
+
+
+def _run(run: Run, stop: StopFlag | None, check: Callable[[str], None]) -> dict[str, Any]:
+    cfg = run.cfg
+    how = restore_or_init(run, check)
     _log(run, "%s; model %.2fM params, mesh %s", how, run.model_cfg.num_params() / 1e6,
          dict(run.mesh.shape))
-    run.timing["compile_s"] = warm_up(run)
+    start = run.state.step
+    if start >= cfg.run.steps:
+        _log(run, "run already finished: step %d of run.steps=%d in %s; raise run.steps to "
+             "train further", start, cfg.run.steps, run.run_dir)
+        return {}
+    check("before compiling (the initial params are saved in checkpoints/initial)")
+    run.timing["compile_s"] = warm_up(run, check)
     _log(run, "compiled %d sampler shapes and the train steps in %.1fs",
          len(run.sampler.shapes), run.timing["compile_s"])
-    start = run.state.step
     if run.eval is not None and start == 0:
         _initial_eval(run)
     last: dict[str, Any] = {}
     bar = progress_bar(range(start, cfg.run.steps), enabled=run.show_progress, desc="GRPO",
                        initial=start, total=cfg.run.steps)
-    try:
-        with _StopFlag() as stop:
-            for step in bar:
-                last = guarded_step(run, step)
-                _report(run, bar, step, last)
-                done = step + 1
-                if stop.set:
-                    run.ckpt.save(done, _snapshot(run, done), force=True)
-                    _log(run, "stopped by signal after step %d; checkpoint saved", done)
-                    break
-                run.ckpt.save(done, _snapshot(run, done), force=done == cfg.run.steps)
-    finally:
-        run.ckpt.wait()
-        run.writer.close(plots=cfg.run.plots)
+    for step in bar:
+        last = guarded_step(run, step)
+        _report(run, bar, step, last)
+        done = step + 1
+        if stop is not None and stop.set:
+            run.ckpt.save(done, _snapshot(run, done), force=True)
+            run.ckpt.wait()
+            check(f"after step {done}; checkpoint saved in {run.ckpt.directory}; rerun the same "
+                  "command to resume")
+        run.ckpt.save(done, _snapshot(run, done), force=done == cfg.run.steps)
     return last
 
 
@@ -310,13 +350,18 @@ def train(cfg: Config, *, progress: bool | None = None,
           timing: dict[str, float] | None = None) -> dict[str, Any]:
     """Builds and runs a training job from `cfg`; returns the last metrics row.
 
+    Holds the run dir's lock (`runlock.RunLock`, raises `RunDirLocked`) and watches Ctrl-C /
+    SIGTERM (`signals.StopFlag`, raises `errors.Interrupted`) for the whole run.
     `timing`, when given, receives the seconds of the start-up phases: `sft_s` (SFT warm start
     or `init.params` restore; absent on resume) and `compile_s` (warm-up).
     """
-    run = build_run(cfg, progress=progress)
-    try:
-        return run_loop(run)
-    finally:
-        run.ckpt.close()
-        if timing is not None:
-            timing.update(run.timing)
+    with RunLock(cfg.run.dir, enabled=jax.process_index() == 0), StopFlag() as stop:
+        run = build_run(cfg, progress=progress)
+        try:
+            stop.check("while building the run (nothing saved)")
+            return run_loop(run, stop)
+        finally:
+            with contextlib.suppress(Exception):  # after a failure; a clean run has waited
+                run.ckpt.close()
+            if timing is not None:
+                timing.update(run.timing)

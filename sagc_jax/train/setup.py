@@ -15,9 +15,10 @@ import jax
 from flax import nnx
 
 from sagc_jax import checkpoint as ckpt
-from sagc_jax.config import Config
+from sagc_jax.config import Config, ConfigError
+from sagc_jax.data.lengths import check_prompt_lengths
 from sagc_jax.data.pipeline import load_examples, make_prompt_iterator
-from sagc_jax.data.tokenizer import load_tokenizer, stop_ids
+from sagc_jax.data.tokenizer import load_run_tokenizer, stop_ids
 from sagc_jax.metrics import RunWriter
 from sagc_jax.models.build import build_model
 from sagc_jax.models.config import ModelConfig
@@ -98,8 +99,18 @@ def _prompt_stream(cfg: Config, plan: ShapePlan, hosts: Hosts, examples: Any,
     return PromptStream(iters, plan.data_shards, cfg.data.num_epochs)
 
 
+def _check_lengths(cfg: Config, examples: Any, tokenizer: Any, split: str) -> None:
+    """Every prompt of the split fits the largest prompt bucket (unless truncation is on)."""
+    if cfg.sampling.prompt_too_long == "truncate":
+        return
+    path = getattr(cfg.data, f"{split}_file", None)
+    where = f"data.{split}_file {path}" if path else f"data.task {cfg.data.task} ({split} split)"
+    check_prompt_lengths(examples, tokenizer, max_len=cfg.sampling.prompt_buckets[-1],
+                         where=where, chat_template=cfg.data.chat_template)
+
+
 def _eval_set(cfg: Config, plan: ShapePlan, hosts: Hosts, blueprint: Any, pad_id: int,
-              eos: list[int], mesh: Any) -> EvalSet | None:
+              eos: list[int], mesh: Any, tokenizer: Any) -> EvalSet | None:
     if cfg.run.eval_every <= 0:
         return None
     if not hosts.single:
@@ -110,6 +121,7 @@ def _eval_set(cfg: Config, plan: ShapePlan, hosts: Hosts, blueprint: Any, pad_id
                         "only (%d processes)", cfg.run.eval_every, hosts.count)
         return None
     examples = list(load_examples(cfg.data, "eval", seed=cfg.run.seed))
+    _check_lengths(cfg, examples, tokenizer, "eval")
     sampler = Sampler(blueprint, config=plan.eval_sampling_config(cfg), pad_id=pad_id,
                       eos_ids=eos, mesh=mesh)
     return EvalSet(examples, sampler)
@@ -129,8 +141,13 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
                                  num_processes=hosts.count)
     errors, _ = plan.problems()
     if errors:
-        raise ValueError(errors[0])
-    tokenizer = load_tokenizer(cfg.model.tokenizer)
+        raise ConfigError(errors[0])
+    # Input checks first, before the model is built or anything compiled: tokenizer vs model,
+    # reward names, every prompt's length.
+    tokenizer = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)
+    reward_fns = build_reward_fns(cfg.rewards)
+    train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
+    _check_lengths(cfg, train_examples, tokenizer, "train")
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     eos = stop_ids(tokenizer)
     run_dir = Path(cfg.run.dir)
@@ -154,15 +171,15 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     blueprint = _blueprint(graphdef, params)
     sampler = Sampler(blueprint, config=plan.sampling_config(cfg), pad_id=pad_id, eos_ids=eos,
                       mesh=mesh)
-    train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
     return Run(
         cfg=cfg, hosts=hosts, mesh=mesh, plan=plan, tokenizer=tokenizer, pad_id=pad_id,
         model_cfg=model_cfg, graphdef=graphdef, param_shardings=param_shardings,
         state=TrainState(params, opt_state, 0), learner=learner,
         lr_schedule=make_schedule(cfg.optim, cfg.run.steps), policy=make_policy(cfg.sagc),
-        reward_fns=build_reward_fns(cfg.rewards), sampler=sampler,
+        reward_fns=reward_fns, sampler=sampler,
         prompts=_prompt_stream(cfg, plan, hosts, train_examples, tokenizer),
         train_examples=train_examples, collect_settings=CollectSettings.from_config(cfg, pad_id),
-        eval=_eval_set(cfg, plan, hosts, blueprint, pad_id, eos, mesh), ckpt=checkpointer,
+        eval=_eval_set(cfg, plan, hosts, blueprint, pad_id, eos, mesh, tokenizer),
+        ckpt=checkpointer,
         writer=RunWriter(run_dir, enabled=hosts.is_main),
         progress=cfg.run.progress if progress is None else progress, run_dir=run_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -45,10 +45,11 @@ def progress_bar(iterable, *, enabled: bool, **kw):
 
 
 def sft_warm_start(cfg: Any, params: Any, *, graphdef: nnx.GraphDef, param_shardings: Any,
-                   mesh: Mesh, examples: Sequence, tokenizer: Any,
-                   progress: bool = False) -> tuple[Any, list[float]]:
+                   mesh: Mesh, examples: Sequence, tokenizer: Any, progress: bool = False,
+                   check: Callable[[str], None] | None = None) -> tuple[Any, list[float]]:
     """(params after `init.sft_steps` AdamW steps, the loss every 25 steps). `params` is
-    donated. Sequences are cut at the largest prompt bucket + max_new_tokens."""
+    donated. Sequences are cut at the largest prompt bucket + max_new_tokens. `check(where)` is
+    called before every step (a pending Ctrl-C stops there: `StopFlag.check`)."""
     n = cfg.init.sft_steps
     if n == 0:
         return params, []
@@ -70,6 +71,8 @@ def sft_warm_start(cfg: Any, params: Any, *, graphdef: nnx.GraphDef, param_shard
     losses: list[float] = []
     bar = progress_bar(range(n), enabled=progress, desc="SFT warm start")
     for i, batch in zip(bar, batches):
+        if check is not None:
+            check(f"during the SFT warm start (step {i + 1} of {n}; nothing saved yet)")
         tokens = batch["tokens"][:, :seq_len]
         params, opt_state, loss = step(params, opt_state, tokens, batch["loss_mask"][:, :seq_len])
         if i % 25 == 0 or i == n - 1:
