@@ -1,0 +1,177 @@
+"""XLA's own memory plan for the real programs, compiled from abstract arrays (no weights).
+
+:func:`compiled_memory` lowers and compiles the train step and the sampler's prefill and decode
+programs at the largest shapes of a run, on a real mesh (fake CPU devices do: see
+``sagc_jax.fakepod``), from ``jax.ShapeDtypeStruct`` inputs that carry the trainer's shardings;
+nothing is allocated. ``compiled.memory_analysis()`` then gives, per device, the bytes of the
+arguments, outputs, aliased (donated) buffers and temporaries of each program.
+
+Per-device peak of a run (the phases do not overlap):
+- train: ``arguments + outputs - aliased + temporaries`` of the train step (its arguments hold the
+  params, the AdamW state and the batch; params and state are donated, so outputs alias them);
+- sampling: the same sum for prefill and for decode (params, KV cache, logits...), plus the
+  AdamW state, which stays on the device during sampling but is not an argument of those programs;
+- plus a frozen reference copy of the params when ``algo.beta > 0``.
+
+XLA:CPU's buffer assignment is what this measures; a GPU/TPU backend fuses and schedules
+differently, so treat it as a second opinion beside the hand estimate of ``sagc_jax.dryrun``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh
+
+from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.sharding import opt_state_shardings, state_shardings
+
+__all__ = ["ProgramMemory", "abstract_train_state", "compiled_memory", "sampling_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+    """``memory_analysis()`` of one compiled program, bytes per device."""
+
+    name: str
+    shape: str
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    compile_s: float
+
+    @property
+    def total(self) -> int:
+        """Live bytes while the program runs: inputs + outputs (less donated) + temporaries."""
+        return self.argument + self.output - self.alias + self.temp
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "total": self.total}
+
+
+def _measure(name: str, shape: str, lowered_fn) -> ProgramMemory:
+    t0 = time.perf_counter()
+    compiled = lowered_fn().compile()
+    dt = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    return ProgramMemory(name, shape, int(m.argument_size_in_bytes),
+                         int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
+                         int(m.temp_size_in_bytes), dt)
+
+
+def _with_shardings(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def abstract_train_state(mcfg: ModelConfig, mesh: Mesh, optimizer) -> dict[str, Any]:
+    """Abstract params and AdamW state with the trainer's shardings (nothing allocated).
+
+    Returns ``{"graphdef", "params", "param_shardings", "opt_state", "opt_shardings"}``;
+    ``params`` / ``opt_state`` are trees of ``jax.ShapeDtypeStruct`` carrying shardings.
+    """
+    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model)
+    p_shard = state_shardings(params, mesh)
+    params = _with_shardings(params, p_shard)
+    opt_abs = jax.eval_shape(optimizer.init, params)
+    o_shard = opt_state_shardings(optimizer, opt_abs, p_shard, mesh)
+    return {"graphdef": graphdef, "params": params, "param_shardings": p_shard,
+            "opt_state": _with_shardings(opt_abs, o_shard), "opt_shardings": o_shard}
+
+
+def _bytes_per_device(tree: Any) -> int:
+    """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shard) * x.dtype.itemsize
+    return total
+
+
+def sampling_config(cfg: Any, prompts_per_g: dict[int, int]):
+    """The sampler's static settings for a run config (as the trainer builds them)."""
+    from sagc_jax.sampling.buckets import SamplingConfig
+
+    s = cfg.sampling
+    return SamplingConfig(
+        group_sizes=tuple(cfg.sagc.group_sizes), prompts_per_step=max(prompts_per_g.values()),
+        prompts_for_group=dict(prompts_per_g), prompt_buckets=tuple(s.prompt_buckets),
+        cache_buckets=None if s.cache_buckets is None else tuple(s.cache_buckets),
+        max_new_tokens=s.max_new_tokens, decode_chunk=s.decode_chunk,
+        use_top_k=s.top_k is not None, use_top_p=s.top_p is not None,
+        prompt_too_long=s.prompt_too_long)
+
+
+def _train_program(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *, rows: int,
+                   groups: int, lp: int, n: int) -> ProgramMemory:
+    from sagc_jax.rl.train_step import CompiledSteps, LossSettings, abstract_batch
+
+    a, s = cfg.algo, cfg.sampling
+    steps = CompiledSteps(
+        state["graphdef"], optimizer,
+        LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon_high, loss_agg=a.loss_agg,
+                     beta=a.beta, kl_estimator=a.kl_estimator, advantage=a.advantage,
+                     adv_eps=a.adv_eps, temperature=s.temperature, max_tokens=s.max_new_tokens),
+        mesh, state["param_shardings"], state["opt_shardings"], a.micro_batch_rows)
+    shard = steps.batch_shardings(rows)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shard[k])
+             for k, v in abstract_batch(rows, lp + n, n).items()}
+    fn = steps._jit_train(rows, groups, lp)
+    mb = rows // steps.micro_batches(rows)
+    return _measure("train_step", f"rows={rows} mb={mb} seq={lp}+{n}",
+                    lambda: fn.lower(state["params"], state["opt_state"], batch))
+
+
+def _sampler_programs(cfg: Any, mcfg: ModelConfig, mesh: Mesh, prompts_per_g: dict[int, int],
+                      g: int, lp: int) -> list[ProgramMemory]:
+    from sagc_jax.sampling.sampler import Sampler
+
+    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+    sampler = Sampler(model, sampling_config(cfg, prompts_per_g), pad_id=0, mesh=mesh)
+    shape = next(x for x in sampler.shapes if (x.group_size, x.prompt_bucket) == (g, lp))
+    desc = f"G={g} rows={shape.rows} Lp={lp} cache={shape.cache_bucket}"
+    return [_measure(name, desc, lambda fn=fn, args=args, kw=kw: fn.lower(*args, **kw))
+            for name, (fn, args, kw) in zip(("prefill", "decode"),
+                                            sampler._abstract_calls(shape))]
+
+
+def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, prompts_per_g: dict[int, int],
+                    completion_len: int) -> dict[str, Any]:
+    """Compile the largest train-step and sampler shapes of ``cfg`` on ``mesh``; per device.
+
+    Args:
+      cfg: the run config (``sampling``, ``sagc``, ``algo``, ``optim``, ``run.steps``).
+      mcfg: the architecture (its ``param_dtype`` / ``remat`` apply).
+      mesh: a concrete mesh (fake CPU devices are fine).
+      prompts_per_g: ``{G: prompts}`` of the run (rows = prompts x G).
+      completion_len: the longest train-step completion bucket.
+
+    Returns:
+      ``{"programs": [ProgramMemory.as_dict()...], "opt_state", "params", "train_peak",
+      "sampler_peak", "reference", "peak", "compile_s"}``; the largest shapes are the G with
+      the most rows and the longest prompt bucket.
+    """
+    from sagc_jax.optim import make_optimizer
+
+    optimizer = make_optimizer(cfg.optim, cfg.run.steps)
+    state = abstract_train_state(mcfg, mesh, optimizer)
+    g = max(prompts_per_g, key=lambda k: (prompts_per_g[k] * k, k))
+    lp = max(cfg.sampling.prompt_buckets)
+    progs = [_train_program(cfg, state, mesh, optimizer, rows=prompts_per_g[g] * g,
+                            groups=prompts_per_g[g], lp=lp, n=completion_len)]
+    progs += _sampler_programs(cfg, mcfg, mesh, prompts_per_g, g, lp)
+    opt_b, param_b = _bytes_per_device(state["opt_state"]), _bytes_per_device(state["params"])
+    ref = param_b if cfg.algo.beta > 0 else 0
+    train_peak = progs[0].total
+    sampler_peak = max(p.total for p in progs[1:]) + opt_b
+    return {"programs": [p.as_dict() for p in progs], "opt_state": opt_b, "params": param_b,
+            "train_peak": train_peak, "sampler_peak": sampler_peak, "reference": ref,
+            "peak": max(train_peak, sampler_peak) + ref,
+            "compile_s": sum(p.compile_s for p in progs)}
