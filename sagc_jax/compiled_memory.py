@@ -31,7 +31,8 @@ from jax.sharding import Mesh
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import opt_state_shardings, state_shardings
 
-__all__ = ["ProgramMemory", "abstract_train_state", "compiled_memory", "sampling_config"]
+__all__ = ["ProgramMemory", "abstract_train_state", "compiled_memory", "sampling_config",
+           "train_step_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +110,13 @@ def sampling_config(cfg: Any, prompts_per_g: dict[int, int]):
         prompt_too_long=s.prompt_too_long)
 
 
-def _train_program(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *, rows: int,
-                   groups: int, lp: int, n: int) -> ProgramMemory:
+def train_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *, rows: int,
+                      groups: int, lp: int, n: int) -> ProgramMemory:
+    """Compile the train step for ``rows`` rows (``groups`` prompts) of ``lp + n`` tokens.
+
+    ``state`` is :func:`abstract_train_state`'s result for ``optimizer``; micro-batching follows
+    ``cfg.algo.micro_batch_rows``.
+    """
     from sagc_jax.rl.train_step import CompiledSteps, LossSettings, abstract_batch
 
     a, s = cfg.algo, cfg.sampling
@@ -164,7 +170,7 @@ def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, prompts_per_g: d
     state = abstract_train_state(mcfg, mesh, optimizer)
     g = max(prompts_per_g, key=lambda k: (prompts_per_g[k] * k, k))
     lp = max(cfg.sampling.prompt_buckets)
-    progs = [_train_program(cfg, state, mesh, optimizer, rows=prompts_per_g[g] * g,
+    progs = [train_step_memory(cfg, state, mesh, optimizer, rows=prompts_per_g[g] * g,
                             groups=prompts_per_g[g], lp=lp, n=completion_len)]
     progs += _sampler_programs(cfg, mcfg, mesh, prompts_per_g, g, lp)
     opt_b, param_b = _bytes_per_device(state["opt_state"]), _bytes_per_device(state["params"])

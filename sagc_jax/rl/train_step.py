@@ -104,7 +104,13 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                  (mask.sum(-1) > 0).sum().astype(jnp.float32))
         data = {k: batch[k] for k in BATCH_FIELDS if k not in ("rewards", "group_ids", "valid")}
         data["advantages"] = adv
-        split = jax.tree.map(lambda x: x.reshape(micro_batches, -1, *x.shape[1:]), data)
+        # Micro-batch k takes rows k, k + M, k + 2M, ... (M = micro_batches): each device's
+        # contiguous block of rows then feeds every micro-batch equally, so a micro-batch stays
+        # sharded over data x fsdp. A contiguous split ([M, R/M]) leaves each micro-batch on a
+        # few devices, and GSPMD replicates it: every device computed every row. Any row split
+        # gives the same gradient (the normalisers are the full batch's).
+        split = jax.tree.map(
+            lambda x: x.reshape(-1, micro_batches, *x.shape[1:]).swapaxes(0, 1), data)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def accumulate(carry, mb):
