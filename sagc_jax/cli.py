@@ -14,6 +14,12 @@ def _train(argv: list[str]) -> int:
     p.add_argument("--config", help="YAML config file (defaults if omitted)")
     p.add_argument("--dry-run", action="store_true",
                    help="build everything abstractly, print sizes and shapes, and exit")
+    p.add_argument("--devices", type=int,
+                   help="with --dry-run: size the run on N fake CPU devices (a subprocess; "
+                   "default: the config's mesh size when fixed and different from this machine)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --dry-run: compile the largest shapes for XLA's memory plan "
+                   "(default: models up to 2B params)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dot-path overrides, e.g. sagc.delta=0.05 run.steps=10")
     args = p.parse_intermixed_args(argv)  # lets --dry-run come after key=value
@@ -32,10 +38,20 @@ def _train(argv: list[str]) -> int:
         print(f"sagc-jax train: distributed error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from sagc_jax.dryrun import DryRunError, dry_run, format_report
+        from sagc_jax.dryrun import DryRunError, dry_run, fake_pod_size, format_report
 
+        fake = fake_pod_size(cfg, args.devices)
+        if fake is not None:
+            from sagc_jax.fakepod import run_with_devices
+
+            print(f"sagc-jax train: dry run on {fake} fake CPU devices", file=sys.stderr)
+            extra = [] if args.compile is None else ["--compile" if args.compile
+                                                     else "--no-compile"]
+            return run_with_devices(fake, "sagc_jax.dryrun", [
+                *(["--config", args.config] if args.config else []), "--devices", str(fake),
+                *extra, *args.overrides])
         try:
-            report = dry_run(cfg)
+            report = dry_run(cfg, compile=args.compile)
         except DryRunError as e:
             print(f"sagc-jax train: dry run: {e}", file=sys.stderr)
             return 2

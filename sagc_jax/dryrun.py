@@ -39,6 +39,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
+from sagc_jax.memory_estimate import MemoryInputs, activation_bytes, estimate, option_effects
 from sagc_jax.models import ModelConfig, Transformer, from_hf_dict
 from sagc_jax.models.config import from_run_section
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
@@ -78,22 +79,31 @@ def _tokenizer_check(path: str | None) -> tuple[str, int | None]:
 def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelConfig, str]:
     """The architecture the trainer would build, and where it came from.
 
-    ``model.path``: its ``config.json`` only (no weights). Fresh model: the ``model.*`` fields with
+    ``model.path`` with a ``config.json``: that file only (no weights). Otherwise
+    ``model.preset`` (a shipped architecture, ``sagc_jax/models/presets``), so a config whose
+    ``model.path`` is a placeholder still dry-runs. Fresh model: the ``model.*`` fields with
     ``vocab_size`` (the tokenizer's length, which the caller supplies).
     """
     m = cfg.model
-    if m.path is not None:
-        cfg_file = os.path.join(m.path, "config.json")
-        if not os.path.isfile(cfg_file):
-            raise DryRunError(f"model.path: no config.json in {m.path!r} (only config.json is "
-                              "read by a dry run; override with model.path=DIR)")
+    extra = {"remat": m.remat, "param_dtype": m.param_dtype}
+    cfg_file = os.path.join(m.path, "config.json") if m.path is not None else None
+    if cfg_file is not None and os.path.isfile(cfg_file):
         try:
             with open(cfg_file, encoding="utf-8") as fh:
                 hf = json.load(fh)
             mcfg = from_hf_dict(hf, dtype=m.dtype)
         except (OSError, ValueError) as e:
             raise DryRunError(f"model.path: {cfg_file}: {e}") from None
-        return ModelConfig(**{**_asdict(mcfg), "remat": m.remat}), f"hf config {cfg_file}"
+        return ModelConfig(**{**_asdict(mcfg), **extra}), f"hf config {cfg_file}"
+    if m.preset is not None:
+        from sagc_jax.models.presets import load_preset
+
+        mcfg = load_preset(m.preset, dtype=m.dtype)
+        why = f" (no config.json in {m.path!r})" if m.path is not None else ""
+        return ModelConfig(**{**_asdict(mcfg), **extra}), f"preset {m.preset}{why}"
+    if m.path is not None:
+        raise DryRunError(f"model.path: no config.json in {m.path!r} (a dry run reads only "
+                          "config.json; set model.path=DIR or model.preset=NAME)")
     if vocab_size is None:
         raise DryRunError("model.tokenizer: needed for the vocabulary size of a fresh model, "
                           f"but {m.tokenizer!r} does not exist here")
@@ -156,18 +166,6 @@ def _completion_buckets(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
     return tuple(completion_buckets(max_new_tokens, chunk))
 
 
-def _activation_bytes(mcfg: ModelConfig, rows: int, seq: int, dt_bytes: int) -> int:
-    """Rough activations kept for the backward pass of ``rows x seq`` tokens."""
-    h, i, hd = mcfg.hidden_size, mcfg.intermediate_size, mcfg.head_dim
-    qd, kvd = mcfg.num_heads * hd, mcfg.num_kv_heads * hd
-    tok = rows * seq
-    per_layer_full = (tok * (4 * h + 2 * qd + 2 * kvd + 3 * i) * dt_bytes
-                      + rows * mcfg.num_heads * seq * seq * (4 + dt_bytes))
-    if mcfg.remat:  # residual stream per layer + one layer recomputed at a time
-        return mcfg.num_layers * tok * h * dt_bytes + per_layer_full
-    return mcfg.num_layers * per_layer_full
-
-
 def _gib(n: float) -> str:
     """Bytes as a fixed-width GiB (>= 1 GiB) or MiB string."""
     return f"{n / 2**30:8.2f} GiB" if n >= 2**30 else f"{n / 2**20:8.1f} MiB"
@@ -202,8 +200,8 @@ def _check_paths(cfg: Config) -> dict[str, str]:
 
 
 def dry_run(cfg: Config, *, num_devices: int | None = None,
-            num_processes: int | None = None, device_memory_bytes: int | None = None
-            ) -> dict[str, Any]:
+            num_processes: int | None = None, device_memory_bytes: int | None = None,
+            compile: bool | None = False) -> dict[str, Any]:
     """Validate ``cfg`` against a mesh and estimate sizes; returns a JSON-able dict.
 
     Args:
@@ -214,6 +212,9 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
         is not given, else ``distributed.num_processes`` or 1).
       device_memory_bytes: per-device memory to compare the estimate with (default: the local
         accelerator's ``bytes_limit`` when checking this machine, else unchecked).
+      compile: also compile the largest train-step and sampler shapes and report XLA's memory
+        plan (``sagc_jax.compiled_memory``); needs this process to have the target's devices
+        (fake CPU devices will do). ``None``: only up to ``COMPILE_AUTO_MAX_PARAMS`` params.
 
     Returns:
       ``{"ok", "errors", "warnings", "mesh", "model", "checks", "sampler_shapes",
@@ -251,15 +252,11 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     dt_bytes = jnp.dtype(mcfg.dtype).itemsize
 
     # ---- static memory ---------------------------------------------------------------------
-    p_f32, replicated = _param_bytes_per_device(params, mesh, 4)
-    p_compute, _ = _param_bytes_per_device(params, mesh, dt_bytes)
+    p_elems, replicated = _param_bytes_per_device(params, mesh, 1)
     if replicated:
         warnings.append(f"params replicated instead of sharded (dim does not divide the mesh "
                         f"axis): "
                         f"{', '.join(replicated)}")
-    memory = {"params": p_f32, "optimizer": 2 * p_f32, "gradients": p_f32,
-              "reference": p_f32 if cfg.algo.beta > 0 else 0}
-    memory["static"] = sum(memory.values())
 
     # ---- compiled shapes -------------------------------------------------------------------
     from sagc_jax.sagc.controller import prompts_for
@@ -321,22 +318,34 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                     "micro_batches": rows // mb if rows % mb == 0 else None,
                     "prompt_bucket": lp, "completion_bucket": n, "seq_len": seq,
                     "logits_bytes": mb_dev * seq * mcfg.vocab_size * 4 // vocab_ways,
-                    "activation_bytes": _activation_bytes(mcfg, mb_dev, seq, dt_bytes)})
+                    "activation_bytes": activation_bytes(mcfg, mb_dev, seq)})
     longest = max(x["cache_bucket"] for x in sampler_shapes)
     if longest > mcfg.max_position_embeddings:
         warnings.append(f"cache bucket {longest} exceeds max_position_embeddings "
                         f"{mcfg.max_position_embeddings}")
 
-    sampler_peak = max(x["kv_cache_bytes"] + x["decode_logits_bytes"] for x in sampler_shapes)
-    sampler_peak += p_compute  # the compute-dtype copy of the weights made by each forward
-    train_peak = max(2 * x["logits_bytes"] + x["activation_bytes"] for x in train_shapes)
-    memory.update(sampler_peak=sampler_peak, train_peak=train_peak,
-                  peak=memory["static"] + max(sampler_peak, train_peak))
     if device_memory_bytes is None and local:
         device_memory_bytes = _local_device_memory()
+    big_s = max(sampler_shapes, key=lambda x: x["kv_cache_bytes"])
+    big_t = max(train_shapes, key=lambda x: (x["rows"], x["seq_len"]))
+    inputs = MemoryInputs(
+        mcfg=mcfg, param_elems=p_elems, param_elems_unsharded=n_params,
+        kv_elems=big_s["kv_cache_bytes"] // dt_bytes, decode_rows=big_s["rows_per_device"],
+        train_rows=big_t["rows"], micro_batch_rows=big_t["micro_batch_rows"],
+        batch_shards=batch_ways if big_t["rows"] % batch_ways == 0 else 1,
+        seq=max(x["seq_len"] for x in train_shapes),
+        vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta)
+    memory = estimate(inputs)
+    rows_counts = sorted({x["rows"] for x in sampler_shapes})
+    options = option_effects(inputs, rows_counts, device_memory_bytes)
     if device_memory_bytes is not None and memory["peak"] > device_memory_bytes:
         warnings.append(f"estimated peak {memory['peak'] / 2**30:.1f} GiB per device exceeds "
                         f"the {device_memory_bytes / 2**30:.1f} GiB available")
+    if mcfg.param_dtype == "bfloat16" and cfg.optim.lr < 1e-4:
+        warnings.append(f"model.param_dtype=bfloat16 with optim.lr={cfg.optim.lr:g}: updates "
+                        "smaller than ~2^-8 of a weight round away in bf16 storage")
+    compiled, compiled_note = _compiled(cfg, mcfg, shape, n_dev, local, compile, prompts,
+                                        max(x["completion_bucket"] for x in train_shapes))
     n_prog = len(sampler_shapes) * 2 + len(train_shapes) * (
         1 + (a.beta > 0 or a.num_iterations > 1))
     return {
@@ -348,12 +357,40 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                   "intermediate_size": mcfg.intermediate_size, "num_layers": mcfg.num_layers,
                   "num_heads": mcfg.num_heads, "num_kv_heads": mcfg.num_kv_heads,
                   "head_dim": mcfg.head_dim, "tied": mcfg.tie_word_embeddings,
-                  "dtype": mcfg.dtype, "remat": mcfg.remat, "num_params": n_params,
+                  "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "remat": mcfg.remat,
+                  "num_params": n_params,
                   "kv_bytes_per_token": kv_tok},
         "checks": checks, "sampler_shapes": sampler_shapes, "train_shapes": train_shapes,
-        "compiled_programs": n_prog, "memory": memory,
+        "compiled_programs": n_prog, "memory": memory, "memory_options": options,
+        "compiled_memory": compiled, "compiled_note": compiled_note,
         "device_memory_bytes": device_memory_bytes,
     }
+
+
+# Above this many params `compile=None` (auto) keeps the estimate only: compiling the train step
+# and sampler of a 1.5B model on 16 fake CPU devices takes minutes on a loaded 2-core machine.
+COMPILE_AUTO_MAX_PARAMS = 2_000_000_000
+
+
+def _compiled(cfg: Config, mcfg: ModelConfig, shape: tuple[int, int, int], n_dev: int,
+              local: bool, compile: bool | None, prompts: dict[int, int],
+              completion_len: int) -> tuple[dict[str, Any] | None, str]:
+    """XLA's memory plan of the largest shapes, when asked/affordable; (result, why/what)."""
+    if compile is False:
+        return None, "not compiled (--no-compile)"
+    if not local or jax.device_count() != n_dev:
+        return None, (f"not compiled: {n_dev} devices are not this process's "
+                      f"{jax.device_count()} (use --devices {n_dev} for a fake-device pod)")
+    if compile is None and mcfg.num_params() > COMPILE_AUTO_MAX_PARAMS:
+        return None, (f"not compiled: {mcfg.num_params() / 1e9:.1f}B params is slow to compile "
+                      "here (--compile forces it)")
+    from sagc_jax.compiled_memory import compiled_memory
+    from sagc_jax.parallel import make_mesh
+
+    mesh = make_mesh(*shape)
+    out = compiled_memory(cfg, mcfg, mesh, prompts_per_g=prompts, completion_len=completion_len)
+    return out, (f"XLA {jax.default_backend()} memory_analysis(), compiled in "
+                 f"{out['compile_s']:.0f} s")
 
 
 def _cache_bucket(lp: int, max_new: int, buckets: Sequence[int] | None) -> int:
@@ -382,8 +419,7 @@ def _local_device_memory() -> int | None:
 
 def format_report(r: dict[str, Any]) -> str:
     """Human-readable text of a :func:`dry_run` result."""
-    m, mem = r["model"], r["memory"]
-    mesh = r["mesh"]
+    m, mesh = r["model"], r["mesh"]
     lines = [
         f"dry run: {r['devices']} devices, {r['processes']} process(es), mesh data={mesh['data']} "
         f"fsdp={mesh['fsdp']} tensor={mesh['tensor']} (batch rows over {r['batch_shards']})",
@@ -402,18 +438,7 @@ def format_report(r: dict[str, Any]) -> str:
           f"seq={x['prompt_bucket']}+{x['completion_bucket']:<5d} logits {_gib(x['logits_bytes'])}"
           f"  act~{_gib(x['activation_bytes'])}" for x in r["train_shapes"]],
         f"compiled programs: {r['compiled_programs']}",
-        "memory per device (estimate):",
-        f"  params f32          {_gib(mem['params'])}",
-        f"  AdamW state 2xf32   {_gib(mem['optimizer'])}",
-        f"  gradients f32       {_gib(mem['gradients'])}",
-    ]
-    if mem["reference"]:
-        lines.append(f"  reference params    {_gib(mem['reference'])}")
-    lines += [
-        f"  sampler peak        {_gib(mem['sampler_peak'])}  (KV cache + weights copy)",
-        f"  train peak          {_gib(mem['train_peak'])}  (logits x2 + activations)",
-        f"  total peak          {_gib(mem['peak'])}"
-        + (f"  of {_gib(r['device_memory_bytes']).strip()}" if r["device_memory_bytes"] else ""),
+        *_memory_lines(r),
     ]
     lines += [f"warning: {w}" for w in r["warnings"]]
     lines += [f"error: {e}" for e in r["errors"]]
@@ -421,14 +446,75 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _memory_lines(r: dict[str, Any]) -> list[str]:
+    """The memory table: the estimate, XLA's compiled plan beside it when there is one, and the
+    effect of each memory option on the estimated peak."""
+    mem, c, m = r["memory"], r["compiled_memory"], r["model"]
+    pdt = "f32" if m["param_dtype"] == "float32" else "bf16"
+    cell = (lambda k: f"  {_gib(c[k])}" if c and k in c else "")  # noqa: E731
+    head = "memory per device: estimate" + (" | compiled (XLA)" if c else "")
+    lines = [head,
+             f"  params {pdt:5s}         {_gib(mem['params'])}{cell('params')}",
+             f"  AdamW state 2x{pdt:4s}  {_gib(mem['optimizer'])}{cell('opt_state')}"]
+    if mem["reference"]:
+        lines.append(f"  reference params     {_gib(mem['reference'])}{cell('reference')}")
+    lines += [
+        f"  train step           {_gib(mem['train_peak'])}"
+        + (f"  {_gib(c['train_peak'] - c['params'] - c['opt_state'])}" if c else "")
+        + "  (grads, weight copy, logits x2, activations)",
+        f"  sampling             {_gib(mem['sampler_peak'])}"
+        + (f"  {_gib(c['sampler_peak'] - c['params'] - c['opt_state'])}" if c else "")
+        + "  (KV cache x2, weight copy, decode logits)",
+        f"  peak                 {_gib(mem['peak'])}{cell('peak')}"
+        + (f"  of {_gib(r['device_memory_bytes']).strip()}" if r["device_memory_bytes"] else ""),
+    ]
+    if c:
+        lines.append(f"  compiled/estimate    {c['peak'] / mem['peak']:.2f}x peak")
+        lines += [f"    {p['name']:10s} {p['shape']:36s} args {_gib(p['argument'])} temp "
+                  f"{_gib(p['temp'])} live {_gib(p['total'])}" for p in c["programs"]]
+    lines.append(f"  printed peak: {'compiled' if c else 'estimate'}; {r['compiled_note']}")
+    lines.append("memory options (estimated peak if changed):")
+    for o in r["memory_options"]:
+        if o["peak"] is None:
+            lines.append(f"  {o['option']:22s} {o['setting']!s:28s} -")
+            continue
+        lines.append(f"  {o['option']:22s} {o['setting']!s:28s} {_gib(o['peak'])} "
+                     f"({'+' if o['delta'] >= 0 else '-'}{_gib(abs(o['delta'])).strip()})")
+    return lines
+
+
+def fake_pod_size(cfg: Config, devices: int | None) -> int | None:
+    """Fake CPU devices to re-run the dry run on, or None to run here.
+
+    ``devices`` (``--devices N``) wins; otherwise the mesh size when the config fixes it
+    (``mesh.data != -1``) and this single process has a different number of devices.
+    """
+    from sagc_jax.fakepod import in_fake_pod, mesh_devices
+
+    n = devices if devices is not None else mesh_devices(cfg.mesh)
+    if n is None or in_fake_pod(n):
+        return None
+    if devices is None and (jax.process_count() > 1 or jax.device_count() == n):
+        return None
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]``."""
+    """``python -m sagc_jax.dryrun --config FILE [--devices N] [key=value ...]``."""
     p = argparse.ArgumentParser(prog="python -m sagc_jax.dryrun", description=__doc__.split(
         "\n")[0])
     p.add_argument("--config", help="YAML config file")
-    p.add_argument("--num-devices", type=int, help="target device count (default: this machine)")
+    p.add_argument("--devices", type=int,
+                   help="re-run on N fake CPU devices (a subprocess), so the programs are "
+                   "compiled on the target mesh (default: the config's mesh size when it is "
+                   "fixed and differs from this machine's)")
+    p.add_argument("--num-devices", type=int,
+                   help="size for N devices without having them (estimate only)")
     p.add_argument("--num-processes", type=int, help="target host count")
     p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the largest shapes for XLA's memory plan (default: up to "
+                   f"{COMPILE_AUTO_MAX_PARAMS / 1e9:g}B params)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
@@ -436,11 +522,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
+        fake = None if args.num_devices is not None else fake_pod_size(cfg, args.devices)
+        if fake is not None:
+            from sagc_jax.fakepod import run_with_devices
+
+            print(f"dry run: re-running on {fake} fake CPU devices", file=sys.stderr)
+            child = list(sys.argv[1:] if argv is None else argv)
+            return run_with_devices(fake, "sagc_jax.dryrun", child)
         mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
         report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
-                         device_memory_bytes=mem)
-    except (ConfigError, DryRunError) as e:
-        print(f"dry run: error: {e}", file=sys.stderr)
+                         device_memory_bytes=mem, compile=args.compile)
+    except (ConfigError, DryRunError, ValueError) as e:
+        print(f"dry run: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     return 0 if report["ok"] else 1
