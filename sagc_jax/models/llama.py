@@ -123,7 +123,12 @@ class Transformer(nnx.Module):
         cache: KVCache | None = None,
         cache_index: jax.Array | int = 0,
         last_only: bool = False,
+        rows_sharding: jax.sharding.Sharding | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
+        """`rows_sharding` (train step under FSDP): the embedded [B*T, H] rows' sharding.
+        The lookup otherwise comes out sharded on H like the embedding, and GSPMD keeps every
+        activation whole on each device (gathering activations, all-reducing partial sums: full
+        logits per device); pinned rows make it gather each layer's weights instead."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T = input_ids.shape
@@ -137,6 +142,8 @@ class Transformer(nnx.Module):
 
         inv_freq = inv_frequencies(cfg)
         x = jnp.take(self.embed[...], input_ids.reshape(-1), axis=0).astype(dt)  # [B*T, H]
+        if rows_sharding is not None:
+            x = jax.lax.with_sharding_constraint(x, rows_sharding)
         params = {k: v.astype(dt) for k, v in nnx.to_pure_dict(nnx.state(self.layers)).items()}
         n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 

@@ -60,11 +60,14 @@ def sequence_inputs(tokens: jax.Array, prompt_pad: jax.Array, lengths: jax.Array
 
 def completion_logprobs(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
                         prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int,
-                        temperature: float) -> jax.Array:
-    """Log-probs [R, N] of the completion tokens under softmax(logits / temperature)."""
+                        temperature: float, rows_sharding: Any = None) -> jax.Array:
+    """Log-probs [R, N] of the completion tokens under softmax(logits / temperature).
+
+    `rows_sharding`: the model's residual-stream sharding (see `Transformer.__call__`)."""
     model = nnx.merge(graphdef, params)
     positions, kv_mask = sequence_inputs(tokens, prompt_pad, lengths, prompt_len)
-    logits = model(tokens[:, :-1], positions=positions[:, :-1], kv_mask=kv_mask[:, :-1])
+    logits = model(tokens[:, :-1], positions=positions[:, :-1], kv_mask=kv_mask[:, :-1],
+                   rows_sharding=rows_sharding)
     return token_logprobs(logits[:, prompt_len - 1:], tokens[:, prompt_len:], temperature)
 
 
@@ -74,7 +77,7 @@ def _completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Ar
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
                     settings: LossSettings, *, num_groups: int, prompt_len: int,
-                    micro_batches: int = 1) -> Callable:
+                    micro_batches: int = 1, rows_sharding: Any = None) -> Callable:
     """Returns `step(params, opt_state, batch) -> (params, opt_state, metrics)` (not jitted).
 
     `num_groups` (prompts in the batch), `prompt_len` (Lp) and `micro_batches` are static.
@@ -86,7 +89,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
     def loss_fn(params, mb, norms):
         logp = completion_logprobs(graphdef, params, mb["tokens"], mb["prompt_pad"],
-                                   mb["lengths"], prompt_len, s.temperature)
+                                   mb["lengths"], prompt_len, s.temperature, rows_sharding)
         mask = _completion_mask(mb["lengths"], mb["loss_rows"], logp.shape[1])
         return policy_loss(
             logp, mb["old_logprobs"], mb["advantages"], mask,
@@ -190,6 +193,16 @@ class CompiledSteps:
             return {k: replicated(self.mesh) for k in BATCH_FIELDS}
         return {k: batch_sharding(self.mesh, nd) for k, nd in BATCH_FIELDS.items()}
 
+    def rows_sharding(self, rows: int) -> NamedSharding | None:
+        """The model's residual stream [micro-batch rows x seq, H]: rows over data x fsdp when
+        a micro-batch splits evenly and there is FSDP to fix (else left to GSPMD). Not with
+        tensor > 1: there XLA:CPU aborted intermittently at run time with the constraint."""
+        n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        mb = rows // self.micro_batches(rows)
+        if self.mesh.shape["fsdp"] == 1 or self.mesh.shape["tensor"] > 1 or mb % n_shards:
+            return None
+        return batch_sharding(self.mesh)
+
     def micro_batches(self, rows: int) -> int:
         mb = self.micro_batch_rows
         if mb is None or mb >= rows:
@@ -204,7 +217,8 @@ class CompiledSteps:
         if key not in self._train:
             step = make_train_step(self.graphdef, self.optimizer, self.settings,
                                    num_groups=num_groups, prompt_len=prompt_len,
-                                   micro_batches=self.micro_batches(rows))
+                                   micro_batches=self.micro_batches(rows),
+                                   rows_sharding=self.rows_sharding(rows))
             rep = replicated(self.mesh)
             self._train[key] = jax.jit(
                 step,
