@@ -31,8 +31,7 @@ from jax.sharding import Mesh
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import opt_state_shardings, state_shardings
 
-__all__ = ["ProgramMemory", "abstract_train_state", "compiled_memory", "sampling_config",
-           "train_step_memory"]
+__all__ = ["ProgramMemory", "abstract_train_state", "compiled_memory", "train_step_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,20 +95,6 @@ def _bytes_per_device(tree: Any) -> int:
     return total
 
 
-def sampling_config(cfg: Any, prompts_per_g: dict[int, int]):
-    """The sampler's static settings for a run config (as the trainer builds them)."""
-    from sagc_jax.sampling.buckets import SamplingConfig
-
-    s = cfg.sampling
-    return SamplingConfig(
-        group_sizes=tuple(cfg.sagc.group_sizes), prompts_per_step=max(prompts_per_g.values()),
-        prompts_for_group=dict(prompts_per_g), prompt_buckets=tuple(s.prompt_buckets),
-        cache_buckets=None if s.cache_buckets is None else tuple(s.cache_buckets),
-        max_new_tokens=s.max_new_tokens, decode_chunk=s.decode_chunk,
-        use_top_k=s.top_k is not None, use_top_p=s.top_p is not None,
-        prompt_too_long=s.prompt_too_long)
-
-
 def train_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *, rows: int,
                       groups: int, lp: int, n: int) -> ProgramMemory:
     """Compile the train step for ``rows`` rows (``groups`` prompts) of ``lp + n`` tokens.
@@ -117,15 +102,12 @@ def train_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *,
     ``state`` is :func:`abstract_train_state`'s result for ``optimizer``; micro-batching follows
     ``cfg.algo.micro_batch_rows``.
     """
-    from sagc_jax.rl.train_step import CompiledSteps, LossSettings, abstract_batch
+    from sagc_jax.rl.train_step import abstract_batch
+    from sagc_jax.train.learner import CompiledSteps, loss_settings
 
-    a, s = cfg.algo, cfg.sampling
-    steps = CompiledSteps(
-        state["graphdef"], optimizer,
-        LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon_high, loss_agg=a.loss_agg,
-                     beta=a.beta, kl_estimator=a.kl_estimator, advantage=a.advantage,
-                     adv_eps=a.adv_eps, temperature=s.temperature, max_tokens=s.max_new_tokens),
-        mesh, state["param_shardings"], state["opt_shardings"], a.micro_batch_rows)
+    steps = CompiledSteps(state["graphdef"], optimizer, loss_settings(cfg), mesh,
+                          state["param_shardings"], state["opt_shardings"],
+                          cfg.algo.micro_batch_rows)
     shard = steps.batch_shardings(rows)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shard[k])
              for k, v in abstract_batch(rows, lp + n, n).items()}
@@ -135,12 +117,12 @@ def train_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *,
                     lambda: fn.lower(state["params"], state["opt_state"], batch))
 
 
-def _sampler_programs(cfg: Any, mcfg: ModelConfig, mesh: Mesh, prompts_per_g: dict[int, int],
-                      g: int, lp: int) -> list[ProgramMemory]:
+def _sampler_programs(cfg: Any, mcfg: ModelConfig, mesh: Mesh, plan: Any, g: int,
+                      lp: int) -> list[ProgramMemory]:
     from sagc_jax.sampling.sampler import Sampler
 
     model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
-    sampler = Sampler(model, sampling_config(cfg, prompts_per_g), pad_id=0, mesh=mesh)
+    sampler = Sampler(model, plan.sampling_config(cfg), pad_id=0, mesh=mesh)
     shape = next(x for x in sampler.shapes if (x.group_size, x.prompt_bucket) == (g, lp))
     desc = f"G={g} rows={shape.rows} Lp={lp} cache={shape.cache_bucket}"
     return [_measure(name, desc, lambda fn=fn, args=args, kw=kw: fn.lower(*args, **kw))
@@ -148,16 +130,14 @@ def _sampler_programs(cfg: Any, mcfg: ModelConfig, mesh: Mesh, prompts_per_g: di
                                             sampler._abstract_calls(shape))]
 
 
-def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, prompts_per_g: dict[int, int],
-                    completion_len: int) -> dict[str, Any]:
+def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, plan: Any) -> dict[str, Any]:
     """Compile the largest train-step and sampler shapes of ``cfg`` on ``mesh``; per device.
 
     Args:
-      cfg: the run config (``sampling``, ``sagc``, ``algo``, ``optim``, ``run.steps``).
+      cfg: the run config (``sampling``, ``algo``, ``optim``, ``run.steps``).
       mcfg: the architecture (its ``param_dtype`` / ``remat`` apply).
       mesh: a concrete mesh (fake CPU devices are fine).
-      prompts_per_g: ``{G: prompts}`` of the run (rows = prompts x G).
-      completion_len: the longest train-step completion bucket.
+      plan: the run's ``train.plan.ShapePlan`` (G -> prompts, buckets, micro-batches).
 
     Returns:
       ``{"programs": [ProgramMemory.as_dict()...], "opt_state", "params", "train_peak",
@@ -168,11 +148,12 @@ def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, prompts_per_g: d
 
     optimizer = make_optimizer(cfg.optim, cfg.run.steps)
     state = abstract_train_state(mcfg, mesh, optimizer)
-    g = max(prompts_per_g, key=lambda k: (prompts_per_g[k] * k, k))
-    lp = max(cfg.sampling.prompt_buckets)
-    progs = [train_step_memory(cfg, state, mesh, optimizer, rows=prompts_per_g[g] * g,
-                            groups=prompts_per_g[g], lp=lp, n=completion_len)]
-    progs += _sampler_programs(cfg, mcfg, mesh, prompts_per_g, g, lp)
+    ppg = plan.prompts_per_g
+    g = max(ppg, key=lambda k: (ppg[k] * k, k))
+    lp = max(plan.prompt_buckets)
+    progs = [train_step_memory(cfg, state, mesh, optimizer, rows=ppg[g] * g, groups=ppg[g],
+                               lp=lp, n=max(plan.completion_buckets))]
+    progs += _sampler_programs(cfg, mcfg, mesh, plan, g, lp)
     opt_b, param_b = _bytes_per_device(state["opt_state"]), _bytes_per_device(state["params"])
     ref = param_b if cfg.algo.beta > 0 else 0
     train_peak = progs[0].total

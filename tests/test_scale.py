@@ -101,13 +101,14 @@ def tiny_run_cfg():
 
 def test_compiled_memory_of_the_real_programs(tiny_run_cfg):
     from sagc_jax.compiled_memory import compiled_memory
+    from sagc_jax.train.plan import ShapePlan
 
     mcfg = dataclasses.replace(_tiny(), remat=True)
     out = {}
     for fsdp in (1, 2):
         mesh = make_mesh(-1, fsdp, 1, devices=jax.devices()[:fsdp])
-        out[fsdp] = compiled_memory(tiny_run_cfg, mcfg, mesh, prompts_per_g={2: 4, 4: 4},
-                                    completion_len=8)
+        plan = ShapePlan.from_config(tiny_run_cfg, batch_ways=fsdp)
+        out[fsdp] = compiled_memory(tiny_run_cfg, mcfg, mesh, plan=plan)
     one, two = out[1], out[2]
     names = [p["name"] for p in one["programs"]]
     assert names == ["train_step", "prefill", "decode"]

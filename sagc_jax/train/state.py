@@ -1,0 +1,50 @@
+"""The training state: params, optimizer state and step, the single source of truth.
+
+Compiled steps donate `params` and `opt_state` and return new ones, so the state is replaced
+(never mutated) by every update; the sampler is handed `state.params` on every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from sagc_jax.models.sharding import opt_state_shardings, replicated
+
+
+@dataclasses.dataclass
+class TrainState:
+    """params: nnx.State of the policy (sharded by the model's rules); opt_state: the optax
+    state (sharded like params, scalars replicated); step: GRPO steps done."""
+
+    params: Any
+    opt_state: Any
+    step: int = 0
+
+    def param_bytes(self) -> int:
+        """Bytes of one copy of the params."""
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
+
+
+def init_opt_state(optimizer: optax.GradientTransformation, params: Any,
+                   mesh: Mesh) -> tuple[Any, Any]:
+    """(optimizer state placed like `params`, its shardings); non-param leaves replicated.
+
+    The shardings are explicit (`opt_state_shardings`): a plain `jit(optimizer.init)` leaves
+    Adam's `zeros_like(param)` on one device, and the AdamW state was replicated, not sharded
+    over fsdp / tensor like the params.
+    """
+    p_shard = jax.tree.map(
+        lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated(mesh),
+        params)
+    shard = opt_state_shardings(optimizer, jax.eval_shape(optimizer.init, params), p_shard, mesh)
+    return jax.jit(optimizer.init, out_shardings=shard)(params), shard
+
+
+def copy_params(params: Any) -> Any:
+    """A copy that survives donation of `params` (the frozen KL reference)."""
+    return jax.tree.map(lambda x: x.copy(), params)
