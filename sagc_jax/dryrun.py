@@ -1,30 +1,24 @@
-"""Dry run: validate a config against a mesh and estimate per-device memory, with no weights.
+"""Dry run: validate a config against a mesh and size per-device memory, with no weights.
 
 ``dry_run(cfg)`` builds the policy abstractly (``nnx.eval_shape``: shapes only, nothing is
-allocated), from ``model.path``'s ``config.json`` alone or from the ``model.*`` fields, resolves
-the mesh for the current (or a given) device count, lists the compiled shape set (sampler and
-train step) and estimates the bytes every device holds. Paths that do not exist here (tokenizer,
-data files) are reported as ``not checked (path missing)``, so a TPU pod config can be checked on
-a laptop::
+allocated) from ``model.path``'s ``config.json`` alone, else ``model.preset`` (a shipped
+architecture), else the ``model.*`` fields; resolves the mesh for the current (or a given)
+device count, lists the compiled shape set (sampler and train step) and estimates the bytes
+every device holds (``sagc_jax.memory_estimate``, with the effect of each memory option). When
+this process has the target's devices it can also compile the largest shapes and print XLA's
+own plan beside the estimate (``sagc_jax.compiled_memory``); ``--devices N`` gives it N fake CPU
+devices in a subprocess (``sagc_jax.fakepod``), so a pod config is checked on a laptop::
 
     python -m sagc_jax.dryrun --config configs/qwen2.5-1.5b_gsm8k_tpu-v5e-16.yaml \\
-        --num-devices 16 --num-processes 4 model.path=/tmp/qwen1.5b-config-only
+        --devices 16 --num-processes 4 --device-memory-gib 16
 
-Memory model (bytes per device; "sharded over k" means divided by k):
-- params: float32 (the trainer stores params in f32; compute casts to ``model.dtype``), sharded
-  by ``models/sharding.py`` rules; AdamW state 2 x f32 and gradients 1 x f32 with the same
-  sharding; a frozen reference copy when ``algo.beta > 0``.
-- sampler: KV cache ``layers x rows x cache_len x kv_heads x head_dim x 2 x dtype bytes``, rows
-  sharded over data x fsdp when they divide (the sampler replicates otherwise), plus one
-  compute-dtype copy of the weights (the forward casts the stacked layers once per call).
-- train step, per micro-batch: float32 logits ``rows x seq x vocab`` (vocab over ``tensor``)
-  and a rough activation estimate (residuals per layer with ``model.remat``, else the whole
-  layer's intermediates incl. attention scores). These are estimates, not XLA's buffer plan.
-Sampling and the update do not overlap, so peak = static + max(sampler peak, train peak).
+Paths that do not exist here (tokenizer, data files) are reported as ``not checked (path
+missing)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -37,6 +31,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
+from sagc_jax.memory_estimate import MemoryInputs, activation_bytes, estimate, option_effects
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.build import model_config
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
@@ -77,19 +72,28 @@ def _tokenizer_check(path: str | None) -> tuple[str, int | None]:
 
 def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelConfig, str]:
     """The architecture the trainer would build (`models.build.model_config`), and where it
-    came from. ``model.path``: its ``config.json`` only (no weights). Fresh model: the
-    ``model.*`` fields with ``vocab_size`` (the tokenizer's length, which the caller supplies).
+    came from. ``model.path`` with a ``config.json``: that file only (no weights). Otherwise
+    ``model.preset`` (a shipped architecture, ``sagc_jax/models/presets``), so a config whose
+    ``model.path`` is a placeholder still dry-runs. Fresh model: the ``model.*`` fields with
+    ``vocab_size`` (the tokenizer's length, which the caller supplies).
     """
     m = cfg.model
-    if m.path is not None:
-        cfg_file = os.path.join(m.path, "config.json")
-        if not os.path.isfile(cfg_file):
-            raise DryRunError(f"model.path: no config.json in {m.path!r} (only config.json is "
-                              "read by a dry run; override with model.path=DIR)")
+    cfg_file = os.path.join(m.path, "config.json") if m.path is not None else None
+    if cfg_file is not None and os.path.isfile(cfg_file):
         try:
             return model_config(cfg, vocab_size), f"hf config {cfg_file}"
         except (OSError, ValueError) as e:
             raise DryRunError(f"model.path: {cfg_file}: {e}") from None
+    if m.preset is not None:
+        from sagc_jax.models.presets import load_preset
+
+        mcfg = dataclasses.replace(load_preset(m.preset, dtype=m.dtype), remat=m.remat,
+                                   param_dtype=m.param_dtype)
+        why = f" (no config.json in {m.path!r})" if m.path is not None else ""
+        return mcfg, f"preset {m.preset}{why}"
+    if m.path is not None:
+        raise DryRunError(f"model.path: no config.json in {m.path!r} (a dry run reads only "
+                          "config.json; set model.path=DIR or model.preset=NAME)")
     if vocab_size is None:
         raise DryRunError("model.tokenizer: needed for the vocabulary size of a fresh model, "
                           f"but {m.tokenizer!r} does not exist here")
@@ -137,18 +141,6 @@ def _param_bytes_per_device(params: dict[str, jax.ShapeDtypeStruct], mesh: Abstr
     return total, replicated
 
 
-def _activation_bytes(mcfg: ModelConfig, rows: int, seq: int, dt_bytes: int) -> int:
-    """Rough activations kept for the backward pass of ``rows x seq`` tokens."""
-    h, i, hd = mcfg.hidden_size, mcfg.intermediate_size, mcfg.head_dim
-    qd, kvd = mcfg.num_heads * hd, mcfg.num_kv_heads * hd
-    tok = rows * seq
-    per_layer_full = (tok * (4 * h + 2 * qd + 2 * kvd + 3 * i) * dt_bytes
-                      + rows * mcfg.num_heads * seq * seq * (4 + dt_bytes))
-    if mcfg.remat:  # residual stream per layer + one layer recomputed at a time
-        return mcfg.num_layers * tok * h * dt_bytes + per_layer_full
-    return mcfg.num_layers * per_layer_full
-
-
 def _gib(n: float) -> str:
     """Bytes as a fixed-width GiB (>= 1 GiB) or MiB string."""
     return f"{n / 2**30:8.2f} GiB" if n >= 2**30 else f"{n / 2**20:8.1f} MiB"
@@ -183,8 +175,8 @@ def _check_paths(cfg: Config) -> dict[str, str]:
 
 
 def dry_run(cfg: Config, *, num_devices: int | None = None,
-            num_processes: int | None = None, device_memory_bytes: int | None = None
-            ) -> dict[str, Any]:
+            num_processes: int | None = None, device_memory_bytes: int | None = None,
+            compile: bool | None = False) -> dict[str, Any]:
     """Validate ``cfg`` against a mesh and estimate sizes; returns a JSON-able dict.
 
     Args:
@@ -195,6 +187,9 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
         is not given, else ``distributed.num_processes`` or 1).
       device_memory_bytes: per-device memory to compare the estimate with (default: the local
         accelerator's ``bytes_limit`` when checking this machine, else unchecked).
+      compile: also compile the largest train-step and sampler shapes and report XLA's memory
+        plan (``sagc_jax.compiled_memory``); needs this process to have the target's devices
+        (fake CPU devices will do). ``None``: only up to ``COMPILE_AUTO_MAX_PARAMS`` params.
 
     Returns:
       ``{"ok", "errors", "warnings", "mesh", "model", "checks", "sampler_shapes",
@@ -232,15 +227,11 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     dt_bytes = jnp.dtype(mcfg.dtype).itemsize
 
     # ---- static memory ---------------------------------------------------------------------
-    p_f32, replicated = _param_bytes_per_device(params, mesh, 4)
-    p_compute, _ = _param_bytes_per_device(params, mesh, dt_bytes)
+    p_elems, replicated = _param_bytes_per_device(params, mesh, 1)
     if replicated:
         warnings.append(f"params replicated instead of sharded (dim does not divide the mesh "
                         f"axis): "
                         f"{', '.join(replicated)}")
-    memory = {"params": p_f32, "optimizer": 2 * p_f32, "gradients": p_f32,
-              "reference": p_f32 if cfg.algo.beta > 0 else 0}
-    memory["static"] = sum(memory.values())
 
     # ---- compiled shapes -------------------------------------------------------------------
     plan, plan_errors = _plan(cfg, batch_ways, num_processes)
@@ -256,16 +247,27 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
         warnings.append(f"cache bucket {longest} exceeds max_position_embeddings "
                         f"{mcfg.max_position_embeddings}")
 
-    sampler_peak = max(x["kv_cache_bytes"] + x["decode_logits_bytes"] for x in sampler_shapes)
-    sampler_peak += p_compute  # the compute-dtype copy of the weights made by each forward
-    train_peak = max(2 * x["logits_bytes"] + x["activation_bytes"] for x in train_shapes)
-    memory.update(sampler_peak=sampler_peak, train_peak=train_peak,
-                  peak=memory["static"] + max(sampler_peak, train_peak))
     if device_memory_bytes is None and local:
         device_memory_bytes = _local_device_memory()
+    big_s = max(sampler_shapes, key=lambda x: x["kv_cache_bytes"])
+    big_t = max(train_shapes, key=lambda x: (x["rows"], x["seq_len"]))
+    inputs = MemoryInputs(
+        mcfg=mcfg, param_elems=p_elems, param_elems_unsharded=n_params,
+        kv_elems=big_s["kv_cache_bytes"] // dt_bytes, decode_rows=big_s["rows_per_device"],
+        train_rows=big_t["rows"], micro_batch_rows=big_t["micro_batch_rows"],
+        batch_shards=batch_ways if big_t["rows"] % batch_ways == 0 else 1,
+        seq=max(x["seq_len"] for x in train_shapes),
+        vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta)
+    memory = estimate(inputs)
+    options = option_effects(inputs, sorted({x["rows"] for x in sampler_shapes}),
+                             device_memory_bytes)
     if device_memory_bytes is not None and memory["peak"] > device_memory_bytes:
         warnings.append(f"estimated peak {memory['peak'] / 2**30:.1f} GiB per device exceeds "
                         f"the {device_memory_bytes / 2**30:.1f} GiB available")
+    if mcfg.param_dtype == "bfloat16" and cfg.optim.lr < 1e-4:
+        warnings.append(f"model.param_dtype=bfloat16 with optim.lr={cfg.optim.lr:g}: updates "
+                        "smaller than ~2^-8 of a weight round away in bf16 storage")
+    compiled, compiled_note = _compiled(cfg, mcfg, plan, shape, n_dev, local, compile)
     a = cfg.algo
     n_prog = len(sampler_shapes) * 2 + len(train_shapes) * (
         1 + (a.beta > 0 or a.num_iterations > 1))
@@ -278,12 +280,55 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                   "intermediate_size": mcfg.intermediate_size, "num_layers": mcfg.num_layers,
                   "num_heads": mcfg.num_heads, "num_kv_heads": mcfg.num_kv_heads,
                   "head_dim": mcfg.head_dim, "tied": mcfg.tie_word_embeddings,
-                  "dtype": mcfg.dtype, "remat": mcfg.remat, "num_params": n_params,
+                  "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "remat": mcfg.remat,
+                  "num_params": n_params,
                   "kv_bytes_per_token": kv_tok},
         "checks": checks, "sampler_shapes": sampler_shapes, "train_shapes": train_shapes,
-        "compiled_programs": n_prog, "memory": memory,
+        "compiled_programs": n_prog, "memory": memory, "memory_options": options,
+        "compiled_memory": compiled, "compiled_note": compiled_note,
         "device_memory_bytes": device_memory_bytes,
     }
+
+
+# Above this many params `compile=None` (auto) keeps the estimate only: compiling the train step
+# and sampler of the 1.5B preset on 16 fake CPU devices takes ~2.5 min on a loaded 2-core box.
+COMPILE_AUTO_MAX_PARAMS = 2_000_000_000
+
+
+def _compiled(cfg: Config, mcfg: ModelConfig, plan: ShapePlan, shape: tuple[int, int, int],
+              n_dev: int, local: bool, compile: bool | None
+              ) -> tuple[dict[str, Any] | None, str]:
+    """XLA's memory plan of the largest shapes, when asked/affordable; (result, why/what)."""
+    if compile is False:
+        return None, "not compiled (--no-compile)"
+    if not local or jax.device_count() != n_dev:
+        return None, (f"not compiled: {n_dev} devices are not this process's "
+                      f"{jax.device_count()} (use --devices {n_dev} for a fake-device pod)")
+    if compile is None and mcfg.num_params() > COMPILE_AUTO_MAX_PARAMS:
+        return None, (f"not compiled: {mcfg.num_params() / 1e9:.1f}B params is slow to compile "
+                      "here (--compile forces it)")
+    from sagc_jax.compiled_memory import compiled_memory
+    from sagc_jax.parallel import make_mesh
+
+    out = compiled_memory(cfg, mcfg, make_mesh(*shape), plan=plan)
+    return out, (f"XLA {jax.default_backend()} memory_analysis(), compiled in "
+                 f"{out['compile_s']:.0f} s")
+
+
+def fake_pod_size(cfg: Config, devices: int | None) -> int | None:
+    """Fake CPU devices to re-run the dry run on, or None to run here.
+
+    ``devices`` (``--devices N``) wins; otherwise the mesh size when the config fixes it
+    (``mesh.data != -1``) and this single process has a different number of devices.
+    """
+    from sagc_jax.fakepod import in_fake_pod, mesh_devices
+
+    n = devices if devices is not None else mesh_devices(cfg.mesh)
+    if n is None or in_fake_pod(n):
+        return None
+    if devices is None and (jax.process_count() > 1 or jax.device_count() == n):
+        return None
+    return n
 
 
 def _plan(cfg: Config, batch_ways: int, num_processes: int) -> tuple[ShapePlan, list[str]]:
@@ -341,7 +386,7 @@ def _train_shapes(plan: ShapePlan, mcfg: ModelConfig, tensor: int,
             "micro_batch_rows": mb, "micro_batches": rows // mb if rows % mb == 0 else None,
             "prompt_bucket": s.prompt_bucket, "completion_bucket": s.completion_bucket,
             "seq_len": seq, "logits_bytes": mb_dev * seq * mcfg.vocab_size * 4 // vocab_ways,
-            "activation_bytes": _activation_bytes(mcfg, mb_dev, seq, dt_bytes)})
+            "activation_bytes": activation_bytes(mcfg, mb_dev, seq)})
     return out
 
 
@@ -360,8 +405,7 @@ def _local_device_memory() -> int | None:
 
 def format_report(r: dict[str, Any]) -> str:
     """Human-readable text of a :func:`dry_run` result."""
-    m, mem = r["model"], r["memory"]
-    mesh = r["mesh"]
+    m, mesh = r["model"], r["mesh"]
     lines = [
         f"dry run: {r['devices']} devices, {r['processes']} process(es), mesh data={mesh['data']} "
         f"fsdp={mesh['fsdp']} tensor={mesh['tensor']} (batch rows over {r['batch_shards']})",
@@ -380,23 +424,49 @@ def format_report(r: dict[str, Any]) -> str:
           f"seq={x['prompt_bucket']}+{x['completion_bucket']:<5d} logits {_gib(x['logits_bytes'])}"
           f"  act~{_gib(x['activation_bytes'])}" for x in r["train_shapes"]],
         f"compiled programs: {r['compiled_programs']}",
-        "memory per device (estimate):",
-        f"  params f32          {_gib(mem['params'])}",
-        f"  AdamW state 2xf32   {_gib(mem['optimizer'])}",
-        f"  gradients f32       {_gib(mem['gradients'])}",
-    ]
-    if mem["reference"]:
-        lines.append(f"  reference params    {_gib(mem['reference'])}")
-    lines += [
-        f"  sampler peak        {_gib(mem['sampler_peak'])}  (KV cache + weights copy)",
-        f"  train peak          {_gib(mem['train_peak'])}  (logits x2 + activations)",
-        f"  total peak          {_gib(mem['peak'])}"
-        + (f"  of {_gib(r['device_memory_bytes']).strip()}" if r["device_memory_bytes"] else ""),
+        *_memory_lines(r),
     ]
     lines += [f"warning: {w}" for w in r["warnings"]]
     lines += [f"error: {e}" for e in r["errors"]]
     lines.append("dry run: OK" if r["ok"] else f"dry run: {len(r['errors'])} error(s)")
     return "\n".join(lines)
+
+
+def _memory_lines(r: dict[str, Any]) -> list[str]:
+    """The memory table: the estimate, XLA's compiled plan beside it when there is one, and the
+    effect of each memory option on the estimated peak."""
+    mem, c, m = r["memory"], r["compiled_memory"], r["model"]
+    pdt = "f32" if m["param_dtype"] == "float32" else "bf16"
+    cell = (lambda k: f"  {_gib(c[k])}" if c and k in c else "")  # noqa: E731
+    head = "memory per device: estimate" + (" | compiled (XLA)" if c else "")
+    lines = [head,
+             f"  params {pdt:5s}         {_gib(mem['params'])}{cell('params')}",
+             f"  AdamW state 2x{pdt:4s}  {_gib(mem['optimizer'])}{cell('opt_state')}"]
+    if mem["reference"]:
+        lines.append(f"  reference params     {_gib(mem['reference'])}{cell('reference')}")
+    lines += [
+        f"  train step           {_gib(mem['train_peak'])}"
+        + (f"  {_gib(c['train_peak'] - c['params'] - c['opt_state'])}" if c else "")
+        + "  (grads, weight copy, logits x2, activations)",
+        f"  sampling             {_gib(mem['sampler_peak'])}"
+        + (f"  {_gib(c['sampler_peak'] - c['params'] - c['opt_state'])}" if c else "")
+        + "  (KV cache x2, weight copy, decode logits)",
+        f"  peak                 {_gib(mem['peak'])}{cell('peak')}"
+        + (f"  of {_gib(r['device_memory_bytes']).strip()}" if r["device_memory_bytes"] else ""),
+    ]
+    if c:
+        lines.append(f"  compiled/estimate    {c['peak'] / mem['peak']:.2f}x peak")
+        lines += [f"    {p['name']:10s} {p['shape']:36s} args {_gib(p['argument'])} temp "
+                  f"{_gib(p['temp'])} live {_gib(p['total'])}" for p in c["programs"]]
+    lines.append(f"  printed peak: {'compiled' if c else 'estimate'}; {r['compiled_note']}")
+    lines.append("memory options (estimated peak if changed):")
+    for o in r["memory_options"]:
+        if o["peak"] is None:
+            lines.append(f"  {o['option']:22s} {o['setting']!s:28s} -")
+            continue
+        lines.append(f"  {o['option']:22s} {o['setting']!s:28s} {_gib(o['peak'])} "
+                     f"({'+' if o['delta'] >= 0 else '-'}{_gib(abs(o['delta'])).strip()})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

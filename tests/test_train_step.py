@@ -94,6 +94,16 @@ def test_data_parallel_step_matches_single_device(single):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
 
 
+def test_fsdp_micro_batched_step_matches_single_device(single):
+    """fsdp=4 with 2 micro-batches of 8 rows: the interleaved split and the pinned rows
+    sharding (each layer's weights gathered, activations kept sharded) change nothing."""
+    p1, m1 = single
+    p4, m4 = _run((1, 4, 1), _batch(), micro_rows=8)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+    assert m4[0]["loss"] == pytest.approx(m1[0]["loss"], abs=1e-5)
+
+
 def test_micro_batches_accumulate_exactly(single):
     """4 micro-batches of 4 rows give the same update as one batch of 16."""
     p1, m1 = single

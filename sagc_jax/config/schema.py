@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import typing
 from collections.abc import Mapping
+from importlib import resources
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge
@@ -37,6 +38,14 @@ __all__ = [
 ]
 
 PosInt = Annotated[Int, Ge(1)]
+
+
+def preset_names() -> tuple[str, ...]:
+    """Names of the shipped architecture presets (``sagc_jax/models/presets/*.json``), read
+    without importing the model code (the config stays importable without jax)."""
+    folder = resources.files("sagc_jax").joinpath("models", "presets")
+    return tuple(sorted(f.name.removesuffix(".json") for f in folder.iterdir()
+                        if f.name.endswith(".json")))
 
 
 def check_increasing(field_name: str, values: tuple[int, ...]) -> None:
@@ -89,10 +98,27 @@ class ModelSection(Section):
     )
     tie_word_embeddings: Bool = field(True, "Share input embedding and LM head.")
     attention_bias: Bool = field(False, "Bias on q/k/v projections (Qwen2 style).")
+    preset: Str | None = field(
+        None, "Architecture preset (e.g. qwen2.5-0.5b; sagc_jax/models/presets/*.json): the dry "
+        "run sizes the run from it when model.path holds no config.json; a real model.path wins."
+    )
     dtype: Literal["float32", "bfloat16"] = field(
-        "float32", "Compute/param dtype for the policy and sampler."
+        "float32", "Compute dtype of the policy and sampler (matmul inputs, KV cache)."
+    )
+    param_dtype: Literal["float32", "bfloat16"] = field(
+        "float32", "Storage dtype of the params, their gradients and AdamW moments; bfloat16 "
+        "halves them, but an update smaller than ~2^-8 of a weight rounds away."
     )
     remat: Bool = field(False, "Rematerialise transformer blocks in the backward pass.")
+
+    @model_validator(mode="after")
+    def _preset(self) -> ModelSection:
+        if self.preset is not None:
+            names = preset_names()
+            if self.preset.strip().lower() not in names:
+                raise rule_error("preset", f"unknown preset {self.preset!r}; known: "
+                                 f"{', '.join(names)}")
+        return self
 
     @model_validator(mode="after")
     def _heads(self) -> ModelSection:

@@ -20,7 +20,7 @@ def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
     the `model.*` fields (seeded by `run.seed`; the tokenizer supplies vocab and special ids)."""
     m = cfg.model
     if m.path is not None:
-        model, mcfg = from_pretrained(m.path, dtype=m.dtype, mesh=mesh)
+        model, mcfg = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh)
         if m.remat:
             model.cfg = dataclasses.replace(mcfg, remat=True)
             mcfg = model.cfg
@@ -31,12 +31,13 @@ def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
 
 def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> ModelConfig:
     """The architecture `build_model` builds for `cfg`, without weights: `model.path`'s
-    `config.json` (with `model.remat`), or the `model.*` fields with `vocab_size` (special ids
-    from `tokenizer` when given). OSError / ValueError when config.json cannot be read."""
+    `config.json` (with `model.remat`, `model.param_dtype`), or the `model.*` fields with
+    `vocab_size` (special ids from `tokenizer` when given). OSError / ValueError when
+    config.json cannot be read."""
     m = cfg.model
     if m.path is not None:
         with open(os.path.join(m.path, "config.json"), encoding="utf-8") as fh:
-            mcfg = from_hf_dict(json.load(fh), dtype=m.dtype)
+            mcfg = from_hf_dict(json.load(fh), dtype=m.dtype, param_dtype=m.param_dtype)
         return dataclasses.replace(mcfg, remat=m.remat)
     if vocab_size is None:
         raise ValueError("model.tokenizer: needed for the vocabulary size of a fresh model")

@@ -43,7 +43,8 @@ _IGNORED_HF_FIELDS = {
 class ModelConfig:
     """Decoder-only transformer hyper-parameters (Llama / Qwen2 family).
 
-    `dtype` is the compute dtype; params are always stored in float32.
+    `dtype` is the compute dtype; `param_dtype` the storage dtype of the params (and so of the
+    gradients and AdamW moments, which optax keeps in the params' dtype).
     `rope_scaling` is a tuple of sorted (key, value) pairs so the config stays hashable
     (it is a static argument of jitted functions).
     """
@@ -66,6 +67,7 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     dtype: str = "float32"
+    param_dtype: str = "float32"
     remat: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -89,8 +91,9 @@ class ModelConfig:
             bad("head_dim", f"must be even for RoPE, got {self.head_dim}")
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             bad("rope_type", f"unsupported '{self.rope_type}', supported: {SUPPORTED_ROPE_TYPES}")
-        if self.dtype not in ("float32", "bfloat16"):
-            bad("dtype", f"must be float32 or bfloat16, got {self.dtype}")
+        for f in ("dtype", "param_dtype"):
+            if getattr(self, f) not in ("float32", "bfloat16"):
+                bad(f, f"must be float32 or bfloat16, got {getattr(self, f)}")
 
     @property
     def rope_params(self) -> dict[str, Any]:
@@ -121,7 +124,8 @@ def from_run_section(m: Any, vocab_size: int, *, bos_token_id: int | None = None
         tie_word_embeddings=m.tie_word_embeddings,
         # `attention_bias` means Qwen2-style q/k/v bias; Llama's HF flag also biases o_proj.
         qkv_bias=m.attention_bias or m.model_type == "qwen2",
-        o_bias=m.attention_bias and m.model_type == "llama", dtype=m.dtype, remat=m.remat,
+        o_bias=m.attention_bias and m.model_type == "llama", dtype=m.dtype,
+        param_dtype=getattr(m, "param_dtype", "float32"), remat=m.remat,
         bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
 
@@ -178,7 +182,8 @@ def _check_unsupported(d: dict[str, Any]) -> None:
                       stacklevel=3)
 
 
-def from_hf_dict(d: dict[str, Any], *, dtype: str | None = None) -> ModelConfig:
+def from_hf_dict(d: dict[str, Any], *, dtype: str | None = None,
+                 param_dtype: str | None = None) -> ModelConfig:
     """Builds a ModelConfig from an HF config.json dict; errors name the offending field."""
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -213,6 +218,7 @@ def from_hf_dict(d: dict[str, Any], *, dtype: str | None = None) -> ModelConfig:
         o_bias=False if is_qwen else attention_bias,
         mlp_bias=bool(d.get("mlp_bias", False)),
         dtype=dtype or "float32",
+        param_dtype=param_dtype or "float32",
         bos_token_id=d.get("bos_token_id"),
         eos_token_id=d.get("eos_token_id"),
         pad_token_id=d.get("pad_token_id"),

@@ -2,8 +2,9 @@
 
 Import reads `config.json` plus `model.safetensors` (or a sharded `model.safetensors.index.json`)
 tensor by tensor: each of our stacked params is assembled on the host from its L per-layer HF
-tensors, cast to float32, transposed to our [in, out] kernel layout and placed on its device(s)
-before the next one is read, so the host never holds the whole model twice.
+tensors, cast to the param dtype (float32 by default), transposed to our [in, out] kernel layout
+and placed on its device(s) before the next one is read, so the host never holds the whole model
+twice.
 
 Export writes the inverse: torch names, [out, in] kernels, float32, `metadata={"format": "pt"}`,
 which `transformers.AutoModelForCausalLM.from_pretrained` loads directly.
@@ -186,6 +187,7 @@ def from_pretrained(
     path: str | os.PathLike,
     *,
     dtype: str | None = None,
+    param_dtype: str | None = None,
     mesh: Mesh | None = None,
 ) -> tuple[Transformer, ModelConfig]:
     """Loads an HF Llama / Qwen2 checkpoint directory into our `Transformer`.
@@ -193,7 +195,9 @@ def from_pretrained(
     Args:
       path: directory with `config.json` and `model.safetensors` or a sharded
         `model.safetensors.index.json`.
-      dtype: compute dtype ("float32" / "bfloat16"); params are always float32.
+      dtype: compute dtype ("float32" / "bfloat16").
+      param_dtype: storage dtype of the params (default float32); tensors are cast to it on
+        the host before they are placed.
       mesh: if given, each param is placed with `state_shardings` on this mesh; otherwise on
         the default device.
 
@@ -217,7 +221,7 @@ def from_pretrained(
                                 "directory)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelFileError(f"{cfg_file} is not valid JSON ({e})") from None
-    cfg = from_hf_dict(hf_dict, dtype=dtype)
+    cfg = from_hf_dict(hf_dict, dtype=dtype, param_dtype=param_dtype)
 
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -255,7 +259,7 @@ def from_pretrained(
         # param plus one tensor, freed once the param is on its device(s).
         values: dict[str, jax.Array] = {}
         for p, (names, transposed) in plan.items():
-            value = np.empty(abstract_params[p].shape, np.float32)
+            value = np.empty(abstract_params[p].shape, abstract_params[p].dtype)
             for i, n in enumerate(names):
                 t = reader.get(n)
                 value[i if p.startswith("layers.") else ...] = t.T if transposed else t
@@ -263,7 +267,8 @@ def from_pretrained(
                          else jax.device_put(value))
             del value
 
-        if tied_head and not np.array_equal(reader.get(_TIED_HEAD), np.asarray(values["embed"])):
+        embed = np.asarray(values["embed"])
+        if tied_head and not np.array_equal(reader.get(_TIED_HEAD).astype(embed.dtype), embed):
             # Some tied checkpoints still store the head; fine only if it *is* the embedding.
             raise ValueError(f"tensor '{_TIED_HEAD}' in {reader.where(_TIED_HEAD)} differs from "
                              "the embedding but config has tie_word_embeddings=true")

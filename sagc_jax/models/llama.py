@@ -64,17 +64,18 @@ class DecoderLayers(nnx.Module):
         L, H, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
         qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         normal = nnx.initializers.normal(0.02)
+        pdt = jnp.dtype(cfg.param_dtype)  # storage dtype; the forward casts to cfg.dtype
 
         def w(*shape: int) -> nnx.Param:
-            return nnx.Param(normal(rngs.params(), (L, *shape), jnp.float32))
+            return nnx.Param(normal(rngs.params(), (L, *shape), pdt))
 
         def zeros(*shape: int) -> nnx.Param:
-            return nnx.Param(jnp.zeros((L, *shape), jnp.float32))
+            return nnx.Param(jnp.zeros((L, *shape), pdt))
 
-        self.attn_norm = nnx.Param(jnp.ones((L, H), jnp.float32))
+        self.attn_norm = nnx.Param(jnp.ones((L, H), pdt))
         self.q_proj, self.k_proj = w(H, qd), w(H, kvd)
         self.v_proj, self.o_proj = w(H, kvd), w(qd, H)
-        self.mlp_norm = nnx.Param(jnp.ones((L, H), jnp.float32))
+        self.mlp_norm = nnx.Param(jnp.ones((L, H), pdt))
         self.gate_proj, self.up_proj, self.down_proj = w(H, I), w(H, I), w(I, H)
         if cfg.qkv_bias:
             self.q_bias, self.k_bias, self.v_bias = zeros(qd), zeros(kvd), zeros(kvd)
@@ -105,12 +106,13 @@ class Transformer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        normal = nnx.initializers.normal(0.02)
-        self.embed = nnx.Param(normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size)))
+        normal, pdt = nnx.initializers.normal(0.02), jnp.dtype(cfg.param_dtype)
+        self.embed = nnx.Param(normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size), pdt))
         self.layers = DecoderLayers(cfg, rngs)
-        self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.float32))
+        self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), pdt))
         if not cfg.tie_word_embeddings:
-            self.lm_head = nnx.Param(normal(rngs.params(), (cfg.hidden_size, cfg.vocab_size)))
+            self.lm_head = nnx.Param(normal(rngs.params(), (cfg.hidden_size, cfg.vocab_size),
+                                            pdt))
 
     def __call__(
         self,
@@ -121,7 +123,12 @@ class Transformer(nnx.Module):
         cache: KVCache | None = None,
         cache_index: jax.Array | int = 0,
         last_only: bool = False,
+        rows_sharding: jax.sharding.Sharding | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
+        """`rows_sharding` (train step under FSDP): the embedded [B*T, H] rows' sharding.
+        The lookup otherwise comes out sharded on H like the embedding, and GSPMD keeps every
+        activation whole on each device (gathering activations, all-reducing partial sums: full
+        logits per device); pinned rows make it gather each layer's weights instead."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T = input_ids.shape
@@ -135,6 +142,8 @@ class Transformer(nnx.Module):
 
         inv_freq = inv_frequencies(cfg)
         x = jnp.take(self.embed[...], input_ids.reshape(-1), axis=0).astype(dt)  # [B*T, H]
+        if rows_sharding is not None:
+            x = jax.lax.with_sharding_constraint(x, rows_sharding)
         params = {k: v.astype(dt) for k, v in nnx.to_pure_dict(nnx.state(self.layers)).items()}
         n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 

@@ -8,8 +8,10 @@ GSPMD keeps the math right either way, and a load never fails on a shape quirk.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import jax
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # Logical axes of each parameter of models/llama.py (path joined with '.').
@@ -80,6 +82,20 @@ def state_shardings(state, mesh: Mesh, **rules) -> object:
         lambda path, x: NamedSharding(mesh, spec_for(_path_str(path), tuple(x.shape), mesh,
                                                      **rules)),
         state)
+
+
+def opt_state_shardings(optimizer: optax.GradientTransformation, opt_state: Any,
+                        param_shardings: Any, mesh: Mesh) -> Any:
+    """Shardings of an optax state: each per-parameter tree in it (Adam's mu and nu, ...) takes
+    the parameters' shardings, every other leaf (step counts) is replicated.
+
+    Pass them as ``out_shardings`` of ``jax.jit(optimizer.init)``: left to itself, XLA puts
+    ``zeros_like(param)`` on one device (its output does not depend on the input's sharding),
+    so AdamW state would not be sharded over ``fsdp`` / ``tensor`` at all.
+    ``opt_state`` may be abstract (``jax.eval_shape(optimizer.init, params)``).
+    """
+    return optax.tree_map_params(optimizer, lambda _, s: s, opt_state, param_shardings,
+                                 transform_non_params=lambda _: replicated(mesh))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

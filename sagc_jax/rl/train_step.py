@@ -75,19 +75,24 @@ def sequence_inputs(tokens: jax.Array, prompt_pad: jax.Array, lengths: jax.Array
 
 
 def completion_logits(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
-                      prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int) -> jax.Array:
-    """Logits [R, N, V] at the positions that predict the N completion tokens."""
+                      prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int,
+                      rows_sharding: Any = None) -> jax.Array:
+    """Logits [R, N, V] at the positions that predict the N completion tokens.
+
+    `rows_sharding`: the model's residual-stream sharding (see `Transformer.__call__`)."""
     model = nnx.merge(graphdef, params)
     positions, kv_mask = sequence_inputs(tokens, prompt_pad, lengths, prompt_len)
-    logits = model(tokens[:, :-1], positions=positions[:, :-1], kv_mask=kv_mask[:, :-1])
+    logits = model(tokens[:, :-1], positions=positions[:, :-1], kv_mask=kv_mask[:, :-1],
+                   rows_sharding=rows_sharding)
     return logits[:, prompt_len - 1:]
 
 
 def completion_logprobs(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
                         prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int,
-                        temperature: float) -> jax.Array:
+                        temperature: float, rows_sharding: Any = None) -> jax.Array:
     """Log-probs [R, N] of the completion tokens under softmax(logits / temperature)."""
-    logits = completion_logits(graphdef, params, tokens, prompt_pad, lengths, prompt_len)
+    logits = completion_logits(graphdef, params, tokens, prompt_pad, lengths, prompt_len,
+                               rows_sharding)
     return token_logprobs(logits, tokens[:, prompt_len:], temperature)
 
 
@@ -97,7 +102,7 @@ def _completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Ar
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
                     settings: LossSettings, *, num_groups: int, prompt_len: int,
-                    micro_batches: int = 1) -> Callable:
+                    micro_batches: int = 1, rows_sharding: Any = None) -> Callable:
     """Returns `step(params, opt_state, batch) -> (params, opt_state, metrics)` (not jitted).
 
     `num_groups` (prompts in the batch), `prompt_len` (Lp) and `micro_batches` are static.
@@ -113,7 +118,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     def forward(params, mb):
         """(log-probs, entropies, loss mask) of one (micro-)batch, all [rows, N]."""
         logits = completion_logits(graphdef, params, mb["tokens"], mb["prompt_pad"],
-                                   mb["lengths"], prompt_len)
+                                   mb["lengths"], prompt_len, rows_sharding)
         logp, ent = token_logprobs_and_entropy(logits, mb["tokens"][:, prompt_len:],
                                                s.temperature)
         return logp, ent, _completion_mask(mb["lengths"], mb["loss_rows"], logp.shape[1])
@@ -151,7 +156,13 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         data = {k: batch[k] for k in BATCH_FIELDS if k not in ("rewards", "group_ids", "valid")}
         data["advantages"] = adv
         data["loss_rows"] = loss_rows
-        split = jax.tree.map(lambda x: x.reshape(micro_batches, -1, *x.shape[1:]), data)
+        # Micro-batch k takes rows k, k + M, k + 2M, ... (M = micro_batches): each device's
+        # contiguous block of rows then feeds every micro-batch equally, so a micro-batch stays
+        # sharded over data x fsdp. A contiguous split ([M, R/M]) leaves each micro-batch on a
+        # few devices, and GSPMD replicates it: every device computed every row. Any row split
+        # gives the same gradient (the normalisers are the full batch's).
+        split = jax.tree.map(
+            lambda x: x.reshape(-1, micro_batches, *x.shape[1:]).swapaxes(0, 1), data)
         ent_min = jnp.zeros((), jnp.float32)
         if mask_entropy and micro_batches > 1:
             ent_min = full_batch_entropy_min(params, split)

@@ -70,6 +70,16 @@ class CompiledSteps:
             return {k: replicated(self.mesh) for k in BATCH_FIELDS}
         return {k: batch_sharding(self.mesh, nd) for k, nd in BATCH_FIELDS.items()}
 
+    def rows_sharding(self, rows: int) -> NamedSharding | None:
+        """The model's residual stream [micro-batch rows x seq, H]: rows over data x fsdp when
+        a micro-batch splits evenly and there is FSDP to fix (else left to GSPMD). Not with
+        tensor > 1: there XLA:CPU aborted intermittently at run time with the constraint."""
+        n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        mb = rows // self.micro_batches(rows)
+        if self.mesh.shape["fsdp"] == 1 or self.mesh.shape["tensor"] > 1 or mb % n_shards:
+            return None
+        return batch_sharding(self.mesh)
+
     def micro_batches(self, rows: int) -> int:
         return micro_batches(rows, self.micro_batch_rows)
 
@@ -78,7 +88,8 @@ class CompiledSteps:
         if key not in self._train:
             step = make_train_step(self.graphdef, self.optimizer, self.settings,
                                    num_groups=num_groups, prompt_len=prompt_len,
-                                   micro_batches=self.micro_batches(rows))
+                                   micro_batches=self.micro_batches(rows),
+                                   rows_sharding=self.rows_sharding(rows))
             rep = replicated(self.mesh)
             self._train[key] = jax.jit(
                 step,

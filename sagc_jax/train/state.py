@@ -13,7 +13,7 @@ import jax
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from sagc_jax.models.sharding import replicated
+from sagc_jax.models.sharding import opt_state_shardings, replicated
 
 
 @dataclasses.dataclass
@@ -32,12 +32,17 @@ class TrainState:
 
 def init_opt_state(optimizer: optax.GradientTransformation, params: Any,
                    mesh: Mesh) -> tuple[Any, Any]:
-    """(optimizer state placed like `params`, its shardings); non-param leaves replicated."""
-    opt_state = jax.jit(optimizer.init)(params)
-    shard = jax.tree.map(
+    """(optimizer state placed like `params`, its shardings); non-param leaves replicated.
+
+    The shardings are explicit (`opt_state_shardings`): a plain `jit(optimizer.init)` leaves
+    Adam's `zeros_like(param)` on one device, and the AdamW state was replicated, not sharded
+    over fsdp / tensor like the params.
+    """
+    p_shard = jax.tree.map(
         lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated(mesh),
-        opt_state)
-    return jax.device_put(opt_state, shard), shard
+        params)
+    shard = opt_state_shardings(optimizer, jax.eval_shape(optimizer.init, params), p_shard, mesh)
+    return jax.jit(optimizer.init, out_shardings=shard)(params), shard
 
 
 def copy_params(params: Any) -> Any:

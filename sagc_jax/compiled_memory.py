@@ -1,0 +1,164 @@
+"""XLA's own memory plan for the real programs, compiled from abstract arrays (no weights).
+
+:func:`compiled_memory` lowers and compiles the train step and the sampler's prefill and decode
+programs at the largest shapes of a run, on a real mesh (fake CPU devices do: see
+``sagc_jax.fakepod``), from ``jax.ShapeDtypeStruct`` inputs that carry the trainer's shardings;
+nothing is allocated. ``compiled.memory_analysis()`` then gives, per device, the bytes of the
+arguments, outputs, aliased (donated) buffers and temporaries of each program.
+
+Per-device peak of a run (the phases do not overlap):
+- train: ``arguments + outputs - aliased + temporaries`` of the train step (its arguments hold the
+  params, the AdamW state and the batch; params and state are donated, so outputs alias them);
+- sampling: the same sum for prefill and for decode (params, KV cache, logits...), plus the
+  AdamW state, which stays on the device during sampling but is not an argument of those programs;
+- plus a frozen reference copy of the params when ``algo.beta > 0``.
+
+XLA:CPU's buffer assignment is what this measures; a GPU/TPU backend fuses and schedules
+differently, so treat it as a second opinion beside the hand estimate of ``sagc_jax.dryrun``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh
+
+from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.sharding import opt_state_shardings, state_shardings
+
+__all__ = ["ProgramMemory", "abstract_train_state", "compiled_memory", "train_step_memory"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+    """``memory_analysis()`` of one compiled program, bytes per device."""
+
+    name: str
+    shape: str
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    compile_s: float
+
+    @property
+    def total(self) -> int:
+        """Live bytes while the program runs: inputs + outputs (less donated) + temporaries."""
+        return self.argument + self.output - self.alias + self.temp
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "total": self.total}
+
+
+def _measure(name: str, shape: str, lowered_fn) -> ProgramMemory:
+    t0 = time.perf_counter()
+    compiled = lowered_fn().compile()
+    dt = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    return ProgramMemory(name, shape, int(m.argument_size_in_bytes),
+                         int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
+                         int(m.temp_size_in_bytes), dt)
+
+
+def _with_shardings(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def abstract_train_state(mcfg: ModelConfig, mesh: Mesh, optimizer) -> dict[str, Any]:
+    """Abstract params and AdamW state with the trainer's shardings (nothing allocated).
+
+    Returns ``{"graphdef", "params", "param_shardings", "opt_state", "opt_shardings"}``;
+    ``params`` / ``opt_state`` are trees of ``jax.ShapeDtypeStruct`` carrying shardings.
+    """
+    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model)
+    p_shard = state_shardings(params, mesh)
+    params = _with_shardings(params, p_shard)
+    opt_abs = jax.eval_shape(optimizer.init, params)
+    o_shard = opt_state_shardings(optimizer, opt_abs, p_shard, mesh)
+    return {"graphdef": graphdef, "params": params, "param_shardings": p_shard,
+            "opt_state": _with_shardings(opt_abs, o_shard), "opt_shardings": o_shard}
+
+
+def _bytes_per_device(tree: Any) -> int:
+    """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shard) * x.dtype.itemsize
+    return total
+
+
+def train_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *, rows: int,
+                      groups: int, lp: int, n: int) -> ProgramMemory:
+    """Compile the train step for ``rows`` rows (``groups`` prompts) of ``lp + n`` tokens.
+
+    ``state`` is :func:`abstract_train_state`'s result for ``optimizer``; micro-batching follows
+    ``cfg.algo.micro_batch_rows``.
+    """
+    from sagc_jax.rl.train_step import abstract_batch
+    from sagc_jax.train.learner import CompiledSteps, loss_settings
+
+    steps = CompiledSteps(state["graphdef"], optimizer, loss_settings(cfg), mesh,
+                          state["param_shardings"], state["opt_shardings"],
+                          cfg.algo.micro_batch_rows)
+    shard = steps.batch_shardings(rows)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shard[k])
+             for k, v in abstract_batch(rows, lp + n, n).items()}
+    fn = steps._jit_train(rows, groups, lp)
+    mb = rows // steps.micro_batches(rows)
+    return _measure("train_step", f"rows={rows} mb={mb} seq={lp}+{n}",
+                    lambda: fn.lower(state["params"], state["opt_state"], batch))
+
+
+def _sampler_programs(cfg: Any, mcfg: ModelConfig, mesh: Mesh, plan: Any, g: int,
+                      lp: int) -> list[ProgramMemory]:
+    from sagc_jax.sampling.sampler import Sampler
+
+    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+    sampler = Sampler(model, plan.sampling_config(cfg), pad_id=0, mesh=mesh)
+    shape = next(x for x in sampler.shapes if (x.group_size, x.prompt_bucket) == (g, lp))
+    desc = f"G={g} rows={shape.rows} Lp={lp} cache={shape.cache_bucket}"
+    return [_measure(name, desc, lambda fn=fn, args=args, kw=kw: fn.lower(*args, **kw))
+            for name, (fn, args, kw) in zip(("prefill", "decode"),
+                                            sampler._abstract_calls(shape))]
+
+
+def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, plan: Any) -> dict[str, Any]:
+    """Compile the largest train-step and sampler shapes of ``cfg`` on ``mesh``; per device.
+
+    Args:
+      cfg: the run config (``sampling``, ``algo``, ``optim``, ``run.steps``).
+      mcfg: the architecture (its ``param_dtype`` / ``remat`` apply).
+      mesh: a concrete mesh (fake CPU devices are fine).
+      plan: the run's ``train.plan.ShapePlan`` (G -> prompts, buckets, micro-batches).
+
+    Returns:
+      ``{"programs": [ProgramMemory.as_dict()...], "opt_state", "params", "train_peak",
+      "sampler_peak", "reference", "peak", "compile_s"}``; the largest shapes are the G with
+      the most rows and the longest prompt bucket.
+    """
+    from sagc_jax.optim import make_optimizer
+
+    optimizer = make_optimizer(cfg.optim, cfg.run.steps)
+    state = abstract_train_state(mcfg, mesh, optimizer)
+    ppg = plan.prompts_per_g
+    g = max(ppg, key=lambda k: (ppg[k] * k, k))
+    lp = max(plan.prompt_buckets)
+    progs = [train_step_memory(cfg, state, mesh, optimizer, rows=ppg[g] * g, groups=ppg[g],
+                               lp=lp, n=max(plan.completion_buckets))]
+    progs += _sampler_programs(cfg, mcfg, mesh, plan, g, lp)
+    opt_b, param_b = _bytes_per_device(state["opt_state"]), _bytes_per_device(state["params"])
+    ref = param_b if cfg.algo.beta > 0 else 0
+    train_peak = progs[0].total
+    sampler_peak = max(p.total for p in progs[1:]) + opt_b
+    return {"programs": [p.as_dict() for p in progs], "opt_state": opt_b, "params": param_b,
+            "train_peak": train_peak, "sampler_peak": sampler_peak, "reference": ref,
+            "peak": max(train_peak, sampler_peak) + ref,
+            "compile_s": sum(p.compile_s for p in progs)}

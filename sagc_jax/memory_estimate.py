@@ -1,0 +1,149 @@
+"""Hand estimate of per-device memory for a run, and the effect of each memory option.
+
+Pure arithmetic on shapes (no compile): fast enough for every shipped config and every variant.
+:mod:`sagc_jax.compiled_memory` gives XLA's own plan where compiling is affordable; the dry run
+prints both. The terms below follow what the compiled programs hold (measured on the 0.5B and
+1.5B presets, see docs/scale.md):
+
+- static (always resident): params at ``param_dtype``, AdamW ``mu`` + ``nu`` at the same dtype
+  and sharding (``opt_state_shardings``), a frozen reference copy when ``algo.beta > 0``;
+- train step: gradients at ``param_dtype`` (x2 with micro-batches: the accumulator and the
+  current micro-batch's), the compute-dtype weight copy each forward makes, f32 logits of a
+  micro-batch x2 (value and gradient) and activations (residual stream per layer + one layer's
+  intermediates with ``model.remat``; every layer's intermediates incl. the seq^2 attention
+  scores without);
+- sampling: the KV cache x2 (decode carries a copy through its loop), the weight copy and the
+  f32 decode logits x2 (logits and log-softmax).
+Peak = static + max(train, sampling): the two phases do not overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+from sagc_jax.models import ModelConfig
+
+__all__ = ["MemoryInputs", "activation_bytes", "estimate", "largest_micro_batch", "option_effects"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryInputs:
+    """Everything the estimate needs, per device.
+
+    ``param_elems``: elements of one copy of the params on a device (sharded);
+    ``param_elems_unsharded``: the same, fully replicated (for the replicated-optimizer variant);
+    ``kv_elems``: KV-cache elements per device of the largest sampler shape;
+    ``decode_rows``: rows per device of that shape; ``train_rows``: rows of the batch whose
+    micro-batch is sized (largest rows count); ``batch_shards``: data x fsdp;
+    ``seq``: longest train sequence; ``vocab_ways``: shards of the vocabulary (tensor).
+    """
+
+    mcfg: ModelConfig
+    param_elems: int
+    param_elems_unsharded: int
+    kv_elems: int
+    decode_rows: int
+    train_rows: int
+    micro_batch_rows: int
+    batch_shards: int
+    seq: int
+    vocab_ways: int
+    beta: float
+
+
+def activation_bytes(mcfg: ModelConfig, rows: int, seq: int) -> int:
+    """Rough activations kept for the backward pass of ``rows x seq`` tokens on one device."""
+    dt = jnp.dtype(mcfg.dtype).itemsize
+    h, i, hd = mcfg.hidden_size, mcfg.intermediate_size, mcfg.head_dim
+    qd, kvd = mcfg.num_heads * hd, mcfg.num_kv_heads * hd
+    tok = rows * seq
+    per_layer_full = (tok * (4 * h + 2 * qd + 2 * kvd + 3 * i) * dt
+                      + rows * mcfg.num_heads * seq * seq * (4 + dt))
+    if mcfg.remat:  # residual stream per layer + one layer recomputed at a time
+        return mcfg.num_layers * tok * h * dt + per_layer_full
+    return mcfg.num_layers * per_layer_full
+
+
+def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]:
+    """Per-device bytes: ``params, optimizer, reference, static, gradients, weights_copy,
+    logits, activations, train_peak, kv_cache, decode_logits, sampler_peak, peak``."""
+    m = x.mcfg
+    store = jnp.dtype(m.param_dtype).itemsize
+    comp = jnp.dtype(m.dtype).itemsize
+    params = x.param_elems * store
+    opt = 2 * (x.param_elems if shard_optimizer else x.param_elems_unsharded) * store
+    ref = params if x.beta > 0 else 0
+    copy = x.param_elems * comp if comp != store else 0
+    mb = min(x.micro_batch_rows, x.train_rows)
+    mb_dev = math.ceil(mb / x.batch_shards) if mb % x.batch_shards == 0 else mb
+    grads = params * (2 if mb < x.train_rows else 1)
+    logits = 2 * mb_dev * x.seq * m.vocab_size * 4 // x.vocab_ways
+    act = activation_bytes(m, mb_dev, x.seq)
+    kv = 2 * x.kv_elems * comp
+    dec_logits = 2 * x.decode_rows * m.vocab_size * 4
+    out = {"params": params, "optimizer": opt, "reference": ref, "static": params + opt + ref,
+           "gradients": grads, "weights_copy": copy, "logits": logits, "activations": act,
+           "train_peak": grads + copy + logits + act, "kv_cache": kv,
+           "decode_logits": dec_logits, "sampler_peak": kv + copy + dec_logits}
+    out["peak"] = out["static"] + max(out["train_peak"], out["sampler_peak"])
+    return out
+
+
+def _micro_batch_candidates(rows_counts: Sequence[int], batch_shards: int) -> list[int]:
+    """Micro-batch sizes valid for every rows count, largest first: common divisors that split
+    over the batch shards (whole rows per device)."""
+    g = math.gcd(*rows_counts)
+    divs = [d for d in range(g, 0, -1) if g % d == 0]
+    split = [d for d in divs if d % batch_shards == 0]
+    return split or divs
+
+
+def largest_micro_batch(x: MemoryInputs, rows_counts: Sequence[int], device_bytes: int,
+                        *, shard_optimizer: bool = True) -> int | None:
+    """The largest ``algo.micro_batch_rows`` whose estimated peak fits ``device_bytes``, or None
+    when not even the smallest does."""
+    for d in _micro_batch_candidates(rows_counts, x.batch_shards):
+        mb = d if d < max(rows_counts) else x.train_rows
+        if estimate(dataclasses.replace(x, micro_batch_rows=mb),
+                    shard_optimizer=shard_optimizer)["peak"] <= device_bytes:
+            return d
+    return None
+
+
+def option_effects(x: MemoryInputs, rows_counts: Sequence[int],
+                   device_bytes: int | None) -> list[dict[str, Any]]:
+    """The estimated peak under each memory option flipped from the run's setting.
+
+    Returns rows ``{"option", "setting", "peak", "delta"}``: ``model.param_dtype`` and
+    ``model.remat`` flipped, the AdamW state replicated instead of sharded (what the trainer
+    did before it passed ``opt_state_shardings``), and the largest ``algo.micro_batch_rows``
+    that fits ``device_bytes`` (when given).
+    """
+    base = estimate(x)["peak"]
+    m = x.mcfg
+    rows: list[dict[str, Any]] = []
+
+    def add(option: str, setting: Any, peak: int) -> None:
+        rows.append({"option": option, "setting": setting, "peak": peak, "delta": peak - base})
+
+    other = "bfloat16" if m.param_dtype == "float32" else "float32"
+    add("model.param_dtype", other,
+        estimate(dataclasses.replace(x, mcfg=dataclasses.replace(m, param_dtype=other)))["peak"])
+    add("model.remat", not m.remat,
+        estimate(dataclasses.replace(x, mcfg=dataclasses.replace(m, remat=not m.remat)))["peak"])
+    add("optimizer state", "replicated", estimate(x, shard_optimizer=False)["peak"])
+    if device_bytes is not None:
+        mb = largest_micro_batch(x, rows_counts, device_bytes)
+        if mb is not None:
+            peak = estimate(dataclasses.replace(
+                x, micro_batch_rows=mb if mb < max(rows_counts) else x.train_rows))["peak"]
+            add("algo.micro_batch_rows", f"{mb} (largest that fits)", peak)
+        else:
+            rows.append({"option": "algo.micro_batch_rows", "setting": "none fits",
+                         "peak": None, "delta": None})
+    return rows

@@ -1,0 +1,55 @@
+"""Architecture presets: shipped HF ``config.json`` files (architecture numbers only, no weights).
+
+Each ``<name>.json`` next to this module is the public ``config.json`` of an Instruct model,
+reduced to the fields that shape the network (widths, depth, heads, vocabulary, RoPE, norms,
+tied head, special token ids). Fields that do not change the forward pass (``max_window_layers``,
+``sliding_window`` with sliding windows off, ``initializer_range``...) are left out. They are read
+through the same mapping as a real checkpoint (:func:`sagc_jax.models.config.from_hf_dict`), so a
+preset and the real model's directory give the same :class:`ModelConfig`.
+
+Use: ``model.preset=qwen2.5-0.5b`` in a run config (the dry run sizes a run from it when
+``model.path`` holds no weights), or :func:`load_preset` in code.
+
+| preset | HF model | params |
+|---|---|---|
+| ``qwen2.5-0.5b`` | Qwen/Qwen2.5-0.5B-Instruct | 494.0 M |
+| ``qwen2.5-1.5b`` | Qwen/Qwen2.5-1.5B-Instruct | 1543.7 M |
+| ``qwen2.5-7b`` | Qwen/Qwen2.5-7B-Instruct | 7615.6 M |
+| ``llama-3.2-1b`` | meta-llama/Llama-3.2-1B-Instruct | 1235.8 M |
+| ``llama-3.2-3b`` | meta-llama/Llama-3.2-3B-Instruct | 3212.7 M |
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from sagc_jax.models.config import ModelConfig, from_hf_dict
+
+__all__ = ["PresetError", "load_preset", "preset_hf_dict", "preset_names"]
+
+
+class PresetError(ValueError):
+    """Unknown preset name (the message lists the known ones)."""
+
+
+def preset_names() -> tuple[str, ...]:
+    """Names of the shipped presets, sorted (``qwen2.5-0.5b``, ...)."""
+    files = resources.files(__name__).iterdir()
+    return tuple(sorted(f.name.removesuffix(".json") for f in files if f.name.endswith(".json")))
+
+
+def preset_hf_dict(name: str) -> dict[str, Any]:
+    """The preset's HF ``config.json`` as a dict; :class:`PresetError` names the known ones."""
+    key = name.strip().lower()
+    names = preset_names()
+    if key not in names:
+        raise PresetError(f"model.preset: unknown preset {name!r}; known: {', '.join(names)}")
+    text = resources.files(__name__).joinpath(f"{key}.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def load_preset(name: str, *, dtype: str | None = None) -> ModelConfig:
+    """The :class:`ModelConfig` of preset ``name`` (compute ``dtype``, default float32)."""
+    return from_hf_dict(preset_hf_dict(name), dtype=dtype)
