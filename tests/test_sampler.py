@@ -20,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from sagc_jax.models.hf import from_pretrained
 from sagc_jax.parallel import make_mesh
 from sagc_jax.sampling import Sampler, SamplingConfig, compile_count
+from sagc_jax.sampling.sampler import categorical_icdf
 
 VOCAB, PAD, N_NEW = 128, 0, 12
 # Different lengths; the first three fit the 8-token bucket, the last needs the 24 one.
@@ -254,3 +255,21 @@ def test_no_prefix_sharing_and_mesh_match(llama):
         out = s.generate(PROMPTS, group_size=4, key=jax.random.key(0), greedy=True)
         np.testing.assert_array_equal(out.tokens, ref.tokens)
         np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+
+
+def test_categorical_icdf_distribution_and_exclusions():
+    """The two-level inverse-CDF draw matches softmax(logits) (V not a multiple of the block,
+    so padding is exercised) and never returns an excluded (-inf) token."""
+    V, R = 37, 40000
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 1.5, V).astype(np.float32)
+    logits[[3, 20, 36]] = -np.inf  # 36: the last token, next to the padding
+    keys = jax.random.split(jax.random.key(5), R)
+    toks = np.asarray(jax.jit(categorical_icdf)(keys, jnp.broadcast_to(jnp.asarray(logits),
+                                                                         (R, V))))
+    counts = np.bincount(toks, minlength=V)
+    assert counts.size == V and counts[[3, 20, 36]].sum() == 0
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    std = np.sqrt(p * (1 - p) / R)
+    assert np.all(np.abs(counts / R - p) <= 5 * std + 1e-4), np.abs(counts / R - p).max()

@@ -13,6 +13,10 @@ Call contract:
 - `model(ids, positions=..., kv_mask=..., cache=cache, cache_index=i)`: writes the T new keys/values
   at slots [i, i+T) of the cache and attends to every slot j <= i+t with kv_mask[b, j] True;
   kv_mask is [B, S] over cache slots. Returns (logits, new_cache).
+- `return_kv=True` (no cache): also returns every layer's keys/values, (k, v) each
+  [layers, B, K, T, D] — the sampler's prefill, which keeps them as per-prompt prefixes.
+
+Token-by-token decode over per-layer caches (the sampler's hot loop) is in `models/decode.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from sagc_jax.models.config import ModelConfig
@@ -55,6 +60,43 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+
+def project_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positions: jax.Array,
+                inv_freq: np.ndarray, B: int, T: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer's attention input: x [B*T, H] -> q [B, T, N, D] (roped), k [B, K, T, D] (roped),
+    v [B, K, T, D] — keys/values already in the cache's heads-before-slots layout.
+
+    Activations stay 2-D [B*T, H] around the dense layers: XLA:CPU's backward for
+    [B, T, H] @ [H, O] (two batch dims contracted for the weight grad) is ~2x slower.
+    """
+    n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q, k, v = h @ p["q_proj"], h @ p["k_proj"], h @ p["v_proj"]
+    if cfg.qkv_bias:
+        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+    q = apply_rope(q.reshape(B, T, n, d), positions, inv_freq)
+    k = apply_rope(k.reshape(B, T, kv, d), positions, inv_freq).transpose(0, 2, 1, 3)
+    v = v.reshape(B, T, kv, d).transpose(0, 2, 1, 3)
+    return q, k, v
+
+
+def block_tail(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array,
+               attn: jax.Array) -> jax.Array:
+    """Rest of a decoder block: x [B*T, H] residual, attn [B*T, N*D] -> x [B*T, H]."""
+    attn = attn @ p["o_proj"]
+    if cfg.o_bias:
+        attn = attn + p["o_bias"]
+    x = x + attn
+    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    gate, up = h @ p["gate_proj"], h @ p["up_proj"]
+    if cfg.mlp_bias:
+        gate, up = gate + p["gate_bias"], up + p["up_bias"]
+    mlp = (jax.nn.silu(gate) * up) @ p["down_proj"]
+    if cfg.mlp_bias:
+        mlp = mlp + p["down_bias"]
+    return x + mlp
 
 
 class DecoderLayers(nnx.Module):
@@ -124,7 +166,8 @@ class Transformer(nnx.Module):
         cache_index: jax.Array | int = 0,
         last_only: bool = False,
         rows_sharding: jax.sharding.Sharding | None = None,
-    ) -> jax.Array | tuple[jax.Array, KVCache]:
+        return_kv: bool = False,
+    ) -> jax.Array | tuple[jax.Array, KVCache] | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """`rows_sharding` (train step under FSDP): the embedded [B*T, H] rows' sharding.
         The lookup otherwise comes out sharded on H like the embedding, and GSPMD keeps every
         activation whole on each device (gathering activations, all-reducing partial sums: full
@@ -145,47 +188,32 @@ class Transformer(nnx.Module):
         if rows_sharding is not None:
             x = jax.lax.with_sharding_constraint(x, rows_sharding)
         params = {k: v.astype(dt) for k, v in nnx.to_pure_dict(nnx.state(self.layers)).items()}
-        n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        n, d = cfg.num_heads, cfg.head_dim
 
         def block(carry, layer):
-            # Activations stay 2-D [B*T, H] around the dense layers: XLA:CPU's backward for
-            # [B, T, H] @ [H, O] (two batch dims contracted for the weight grad) is ~2x slower.
             x, cache = carry
             p, idx = layer
-            h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-            q, k, v = h @ p["q_proj"], h @ p["k_proj"], h @ p["v_proj"]
-            if cfg.qkv_bias:
-                q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
-            q = apply_rope(q.reshape(B, T, n, d), positions, inv_freq)
-            k = apply_rope(k.reshape(B, T, kv, d), positions, inv_freq).transpose(0, 2, 1, 3)
-            v = v.reshape(B, T, kv, d).transpose(0, 2, 1, 3)  # [B, K, T, D], the cache layout
+            q, k, v = project_qkv(cfg, p, x, positions, inv_freq, B, T)
+            new_kv = (k, v)
             if cache is not None:
                 # In-place write of this layer's new slots; then attend over the whole cache.
                 start = (idx, 0, 0, jnp.asarray(cache_index, jnp.int32), 0)
                 cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None], start),
                                 jax.lax.dynamic_update_slice(cache.v, v[None], start))
                 k, v = cache.k[idx], cache.v[idx]
-            attn = _attention(q, k, v, mask).reshape(B * T, n * d) @ p["o_proj"]
-            if cfg.o_bias:
-                attn = attn + p["o_bias"]
-            x = x + attn
-            h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-            gate, up = h @ p["gate_proj"], h @ p["up_proj"]
-            if cfg.mlp_bias:
-                gate, up = gate + p["gate_bias"], up + p["up_bias"]
-            mlp = (jax.nn.silu(gate) * up) @ p["down_proj"]
-            if cfg.mlp_bias:
-                mlp = mlp + p["down_bias"]
-            return (x + mlp, cache), None
+            attn = _attention(q, k, v, mask).reshape(B * T, n * d)
+            return (block_tail(cfg, p, x, attn), cache), (new_kv if return_kv else None)
 
         if cfg.remat:
             block = jax.checkpoint(block)
-        (x, cache), _ = jax.lax.scan(block, (x, cache),
-                                     (params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+        (x, cache), kv = jax.lax.scan(block, (x, cache),
+                                      (params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
         if last_only:  # prefill needs one position: skip the [B, T, V] logits
             x, T = x.reshape(B, T, -1)[:, -1], 1
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(x, head.astype(dt), preferred_element_type=jnp.float32)
         logits = logits.reshape(B, T, cfg.vocab_size)
+        if return_kv:
+            return logits, kv
         return logits if cache is None else (logits, cache)

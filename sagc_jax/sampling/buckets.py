@@ -29,7 +29,8 @@ class SamplingConfig:
       decode_chunk: decode steps per iteration of the while loop (the all-done test runs once per
         chunk).
       use_top_k / use_top_p: compile the filtering code in (values stay dynamic per call).
-      prefix_sharing: prefill each distinct prompt once and broadcast its KV cache to its G rows;
+      prefix_sharing: prefill each distinct prompt once and keep its K/V once for its G rows
+        (decode attends over the shared prompt part and each row's own generated part);
         False repeats every prompt G times before prefill (the Tunix way; kept for benchmarks).
       prompt_too_long: "error" (default) or "truncate" (keep the last tokens of the prompt).
     """

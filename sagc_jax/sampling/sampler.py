@@ -1,20 +1,22 @@
 """Bucketed, prefix-sharing autoregressive sampler for the `Transformer` (GRPO rollouts).
 
 Per call: prompts are left-padded to a prompt bucket Lp; the P distinct prompts are prefilled
-once ([P, Lp]) and their KV caches / last logits repeated to the P*G decode rows; decoding runs
+once ([P, Lp]) and their K/V kept once per prompt for decode (`models/decode.py`: shared-prefix
+attention, per-layer buffers); only generated tokens' K/V is per row. Decoding runs
 `decode_chunk` steps per iteration of one `lax.while_loop` that stops when every row hit EOS or
 n tokens were produced. Two programs per (G, Lp): prefill and decode. Everything a call can vary
 within a shape (prompt lengths, n <= max_new_tokens, temperature, top-k/top-p values, greedy, key,
 params values) is traced, so after `compile_all()` calls never compile.
 
-Cache layout (model contract): prompt token i of a row with pad = Lp - len sits at slot i with
-position i - pad and kv_mask[slot] = slot >= pad; decode step t feeds the token sampled at step t
-into slot Lp + t with position len + t, and samples token t + 1 from its logits.
+Cache layout: prompt token i of a prompt with pad = Lp - len sits at prefix slot i with
+position i - pad and prefix_mask[slot] = slot >= pad; decode step t feeds the token sampled at
+step t into generated slot t with position len + t, and samples token t + 1 from its logits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +28,15 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from sagc_jax.models.llama import KVCache, Transformer, init_cache
+from sagc_jax.models.decode import (
+    GenKV,
+    PrefixKV,
+    decode_step,
+    decode_weights,
+    init_gen,
+    prefix_from_prefill,
+)
+from sagc_jax.models.llama import Transformer
 from sagc_jax.models.sharding import BATCH_AXES, state_shardings
 from sagc_jax.parallel import allgather, global_to_host_local, host_local_to_global, process_rows
 from sagc_jax.sampling.buckets import SamplingConfig, Shape, declared_shapes, prompt_bucket_for
@@ -69,6 +79,37 @@ class SampleOutput:
     stats: SampleStats
 
 
+def _last_positive(x: jax.Array) -> jax.Array:
+    """x [R, n] >= 0 -> index of the last positive entry per row [R] (0 if none)."""
+    n = x.shape[-1]
+    return n - 1 - jnp.argmax(x[:, ::-1] > 0, axis=-1)
+
+
+def categorical_icdf(keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw per row from softmax(logits) by inverse CDF, two uniforms per row.
+
+    keys [R] (one PRNG key per row: a row's draw does not depend on the other rows), logits
+    [R, V] f32 (-inf = excluded) -> tokens [R] int32. The vocabulary is cut into blocks of b ~
+    sqrt(V): a block is drawn by the CDF of block masses, then a token within it — exact, and
+    O(V) adds instead of `jax.random.categorical`'s V random numbers per row (the Gumbel draw
+    cost more than the model's forward for small models on CPU).
+    """
+    R, V = logits.shape
+    b = 1 << max(0, math.ceil(math.log2(math.sqrt(V))))
+    nb = -(-V // b)
+    p = jnp.exp(logits - logits.max(-1, keepdims=True))
+    p = jnp.pad(p, ((0, 0), (0, nb * b - V))).reshape(R, nb, b)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (2,)))(keys)  # [R, 2] in [0, 1)
+    mass = p.sum(-1)
+    cb = jnp.cumsum(mass, -1)
+    # Clamp to the last block / token with mass: u * total may round up to total.
+    blk = jnp.minimum(jnp.sum(cb <= u[:, :1] * cb[:, -1:], -1), _last_positive(mass))
+    pin = jnp.take_along_axis(p, blk[:, None, None], axis=1)[:, 0]  # [R, b]
+    c = jnp.cumsum(pin, -1)
+    j = jnp.minimum(jnp.sum(c <= u[:, 1:] * c[:, -1:], -1), _last_positive(pin))
+    return (blk * b + j).astype(jnp.int32)
+
+
 def sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
                 top_p: jax.Array, greedy: jax.Array, *, use_top_k: bool,
                 use_top_p: bool) -> tuple[jax.Array, jax.Array]:
@@ -81,27 +122,30 @@ def sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_
     V = logits.shape[-1]
     t = jnp.where(temperature > 0, temperature, 1.0)
     scaled = logits / t
-    if use_top_k or use_top_p:
-        # One descending sort serves both filters; the cut is a value threshold per row.
-        s = -jnp.sort(-scaled, axis=-1)
-        idx = jnp.arange(V)
-        in_k = idx[None] < (jnp.clip(top_k, 1, V) if use_top_k else V)
-        s = jnp.where(in_k, s, -jnp.inf)
-        if use_top_p:
-            probs = jax.nn.softmax(s, axis=-1)
-            before = jnp.cumsum(probs, axis=-1) - probs
-            # in_k: past the top-k cut `before` is ~1 and may round below top_p.
-            keep = ((before < top_p) | (idx[None] == 0)) & in_k
+
+    def draw() -> jax.Array:
+        if use_top_k or use_top_p:
+            # One descending sort serves both filters; the cut is a value threshold per row.
+            s = -jnp.sort(-scaled, axis=-1)
+            idx = jnp.arange(V)
+            in_k = idx[None] < (jnp.clip(top_k, 1, V) if use_top_k else V)
+            s = jnp.where(in_k, s, -jnp.inf)
+            if use_top_p:
+                probs = jax.nn.softmax(s, axis=-1)
+                before = jnp.cumsum(probs, axis=-1) - probs
+                # in_k: past the top-k cut `before` is ~1 and may round below top_p.
+                keep = ((before < top_p) | (idx[None] == 0)) & in_k
+            else:
+                keep = jnp.broadcast_to(in_k, s.shape)
+            last = jnp.sum(keep, axis=-1) - 1
+            thresh = jnp.take_along_axis(s, last[:, None], axis=-1)
+            filtered = jnp.where(scaled >= thresh, scaled, -jnp.inf)
         else:
-            keep = jnp.broadcast_to(in_k, s.shape)
-        last = jnp.sum(keep, axis=-1) - 1
-        thresh = jnp.take_along_axis(s, last[:, None], axis=-1)
-        filtered = jnp.where(scaled >= thresh, scaled, -jnp.inf)
-    else:
-        filtered = scaled
-    # Per-row keys: a row's draw does not depend on how many (dummy) rows the batch has.
-    sampled = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
-    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), sampled)
+            filtered = scaled
+        return categorical_icdf(keys, filtered)
+
+    # A traced branch: greedy calls skip the sort and the [R, V] random draw at run time.
+    tokens = jax.lax.cond(greedy, lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32), draw)
     logp = jax.nn.log_softmax(scaled, axis=-1)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 
@@ -137,7 +181,8 @@ class Sampler:
         self.shapes: tuple[Shape, ...] = declared_shapes(config)
         self._shape = {(s.group_size, s.prompt_bucket): s for s in self.shapes}
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("g",))
-        # No donation: the cache is not an output, so XLA copies it once into the loop carry.
+        # The generated-token cache lives only inside decode (zeros, updated in place in the
+        # loop carry); the prompt prefix is read-only there.
         self._decode = jax.jit(self._decode_impl, static_argnames=("g", "lp"))
 
     # ---- public helpers -------------------------------------------------------------------
@@ -216,10 +261,10 @@ class Sampler:
             # A raw uint32 key becomes a typed key, so both kinds hit one program.
             key = jax.random.wrap_key_data(key)
         t0 = time.perf_counter()
-        cache, last = self._prefill(pure, ids, lens, g=g)
+        prefix, last = self._prefill(pure, ids, lens, g=g)
         jax.block_until_ready(last)
         t1 = time.perf_counter()
-        out = self._decode(pure, cache, last, lens, key, np.int32(n), np.int32(num_real),
+        out = self._decode(pure, prefix, last, lens, key, np.int32(n), np.int32(num_real),
                            np.float32(temperature),
                            np.int32(top_k if top_k is not None else self.cfg.vocab_size),
                            np.float32(top_p if top_p is not None else 1.0), np.bool_(greedy),
@@ -381,16 +426,18 @@ class Sampler:
         ids, lens = sds((s.prompts, s.prompt_bucket), jnp.int32), sds((s.prompts,), jnp.int32)
         pre_out = jax.eval_shape(lambda p, i, l: self._prefill_impl(p, i, l, g=s.group_size),
                                  self._abstract_params, ids, lens)
-        cache, last = pre_out
+        prefix, last = pre_out
         if self.mesh is not None:
-            sh = NamedSharding(self.mesh, self._rows_spec(s.rows, 1, 5) or PartitionSpec())
-            cache = KVCache(*(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh) for x in cache))
-            last = sds(last.shape, last.dtype)
+            def put(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+                return sds(x.shape, x.dtype)
+
+            prefix = jax.tree.map(put, prefix)
+            last = put(last)
         scalar = lambda dt: jax.ShapeDtypeStruct((), dt)  # noqa: E731
         key = jax.eval_shape(lambda: jax.random.key(0))
         return [
             (self._prefill, (self._abstract_params, ids, lens), {"g": s.group_size}),
-            (self._decode, (self._abstract_params, cache, last, lens, key, scalar(jnp.int32),
+            (self._decode, (self._abstract_params, prefix, last, lens, key, scalar(jnp.int32),
                             scalar(jnp.int32), scalar(jnp.float32), scalar(jnp.int32),
                             scalar(jnp.float32), scalar(jnp.bool_)),
              {"g": s.group_size, "lp": s.prompt_bucket}),
@@ -403,52 +450,55 @@ class Sampler:
         return nnx.merge(self._graphdef, state)
 
     def _prefill_impl(self, pure: dict, ids: jax.Array, lens: jax.Array, *,
-                      g: int) -> tuple[KVCache, jax.Array]:
-        """ids [P, Lp], lens [P] -> (cache [layers, P*g, kv, S, d] x2, last logits [P*g, V])."""
+                      g: int) -> tuple[PrefixKV, jax.Array]:
+        """ids [P, Lp], lens [P] -> (prompt K/V per layer [P', ...], last logits [P', V]).
+
+        P' = P with prefix sharing (each prompt's K/V kept once for its g rows), else P * g
+        (every row prefilled on its own: the Tunix-style baseline).
+        """
         model = self._merge(pure)
         lp = ids.shape[1]
-        s_slots = self._shape[(g, lp)].cache_bucket
-        if not self.config.prefix_sharing:  # the baseline: every row prefilled on its own
+        if not self.config.prefix_sharing:
             ids, lens = jnp.repeat(ids, g, axis=0), jnp.repeat(lens, g, axis=0)
-        b = ids.shape[0]
         pad = lp - lens
         positions = jnp.maximum(jnp.arange(lp)[None] - pad[:, None], 0)
-        kv_mask = jnp.arange(s_slots)[None] >= pad[:, None]
-        cache = init_cache(self.cfg, b, s_slots)
-        logits, cache = model(ids, positions=positions, kv_mask=kv_mask, cache=cache,
-                              cache_index=0, last_only=True)
-        last = logits[:, -1]
-        if self.config.prefix_sharing and g > 1:
-            cache = KVCache(*(jnp.repeat(x, g, axis=1) for x in cache))
-            last = jnp.repeat(last, g, axis=0)
-        cache = KVCache(*(self._constrain(x, 1) for x in cache))
-        return cache, self._constrain(last, 0)
+        kv_mask = jnp.arange(lp)[None] >= pad[:, None]
+        logits, (k, v) = model(ids, positions=positions, kv_mask=kv_mask, last_only=True,
+                               return_kv=True)
+        prefix = prefix_from_prefill(k, v)
+        prefix = PrefixKV(*(tuple(self._constrain(x, 0) for x in part) for part in prefix))
+        return prefix, self._constrain(logits[:, -1], 0)
 
-    def _decode_impl(self, pure: dict, cache: KVCache, last: jax.Array, lens: jax.Array,
+    def _decode_impl(self, pure: dict, prefix: PrefixKV, last: jax.Array, lens: jax.Array,
                      key: jax.Array, n: jax.Array, num_real: jax.Array, temperature: jax.Array,
                      top_k: jax.Array, top_p: jax.Array, greedy: jax.Array, *, g: int,
                      lp: int) -> tuple[jax.Array, ...]:
         """Chunked decode loop.
 
-        cache from prefill, last [R, V] logits at each row's last prompt token, lens [P] prompt
-        lengths (per prompt; repeated here), n / num_real / sampling values traced scalars.
-        Returns tokens [R, Nbuf] int32, logprobs [R, Nbuf] f32, lengths [R] int32, eos_hit [R]
-        bool, steps () int32 (decode steps run, a multiple of decode_chunk).
+        prefix / last [P', V] from prefill, lens [P] prompt lengths (per prompt; repeated here),
+        n / num_real / sampling values traced scalars. Returns tokens [R, Nbuf] int32, logprobs
+        [R, Nbuf] f32, lengths [R] int32, eos_hit [R] bool, steps () int32 (decode steps run, a
+        multiple of decode_chunk).
         """
         c = self.config
         model = self._merge(pure)
-        rows = last.shape[0]
-        s_slots = cache.slots
+        weights = decode_weights(model)  # per-layer split once per call, outside the loop
+        rows = lens.shape[0] * g
+        group = g if c.prefix_sharing else 1
         nbuf = c.out_buffer
         row = jnp.arange(rows, dtype=jnp.int32)
+        plens = lens if c.prefix_sharing else jnp.repeat(lens, g, axis=0)
         lens = jnp.repeat(lens, g, axis=0)
-        # Hoisted out of the loop: the kv mask never changes during decode, nor do row keys.
-        kv_mask = self._constrain(jnp.arange(s_slots)[None] >= (lp - lens)[:, None], 0)
+        last = self._constrain(jnp.repeat(last, group, axis=0), 0)
+        # Hoisted out of the loop: the prompt mask never changes during decode, nor do row keys.
+        prefix_mask = self._constrain(jnp.arange(lp)[None] >= (lp - plens)[:, None], 0)
         row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row)
         eos = jnp.asarray(self.eos_ids or (-1,), jnp.int32)
+        gen = init_gen(self.cfg, rows, c.max_new_tokens)
+        gen = GenKV(*(tuple(self._constrain(x, 0) for x in part) for part in gen))
 
         def step(carry, _):
-            t, cache, logits, done, hit, length = carry
+            t, gen, logits, done, hit, length = carry
             keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)
             tok, lp_tok = sample_step(logits, keys, temperature, top_k, top_p, greedy,
                                       use_top_k=c.use_top_k, use_top_p=c.use_top_p)
@@ -460,24 +510,24 @@ class Sampler:
             hit = hit | is_eos
             done = done | is_eos | (t + 1 >= n)
             # Steps past n-1 write at clamped slots nobody reads again.
-            new_logits, cache = model(tok[:, None], positions=(lens + t)[:, None],
-                                      kv_mask=kv_mask, cache=cache, cache_index=lp + t)
-            return (t + 1, cache, new_logits[:, 0], done, hit, length), (tok, lp_tok)
+            new_logits, gen = decode_step(self.cfg, weights, tok, lens + t, prefix, prefix_mask,
+                                          gen, t, group)
+            return (t + 1, gen, new_logits, done, hit, length), (tok, lp_tok)
 
         def chunk(state):
-            t, cache, logits, done, hit, length, tok_buf, lp_buf = state
-            (t2, cache, logits, done, hit, length), (toks, lps) = jax.lax.scan(
-                step, (t, cache, logits, done, hit, length), None, length=c.decode_chunk)
+            t, gen, logits, done, hit, length, tok_buf, lp_buf = state
+            (t2, gen, logits, done, hit, length), (toks, lps) = jax.lax.scan(
+                step, (t, gen, logits, done, hit, length), None, length=c.decode_chunk)
             tok_buf = jax.lax.dynamic_update_slice(tok_buf, toks.T, (0, t))
             lp_buf = jax.lax.dynamic_update_slice(lp_buf, lps.T, (0, t))
-            return t2, cache, logits, done, hit, length, tok_buf, lp_buf
+            return t2, gen, logits, done, hit, length, tok_buf, lp_buf
 
         def cond(state):
             t, done = state[0], state[3]
             return (t < n) & ~jnp.all(done)
 
         done0 = (row // g) >= num_real  # dummy prompts' rows start done
-        init = (jnp.int32(0), cache, last, done0, jnp.zeros(rows, bool),
+        init = (jnp.int32(0), gen, last, done0, jnp.zeros(rows, bool),
                 jnp.zeros(rows, jnp.int32), jnp.full((rows, nbuf), self.pad_id, jnp.int32),
                 jnp.zeros((rows, nbuf), jnp.float32))
         t, _, _, _, hit, length, tok_buf, lp_buf = jax.lax.while_loop(cond, chunk, init)

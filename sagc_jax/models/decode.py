@@ -1,0 +1,158 @@
+"""One-token decode step over per-layer KV buffers with shared-prompt (prefix) attention.
+
+The sampler's hot loop. Decode reads every weight and every cached key/value once per step, so
+the layout is chosen for that read:
+- Per-layer buffers (tuples of L arrays), so each layer's in-place update aliases its own
+  buffer and attention reads it as stored. A stacked `[L, ...]` cache sliced per layer inside a
+  layer scan materialised a copy of each layer's K and V every step on XLA:CPU.
+- Shared prefix: a prompt's K/V is kept once per prompt (`PrefixKV`, [P, ...]); only the
+  generated tokens' K/V is per row (`GenKV`, [P*G, ...]). Row r belongs to prompt r // G.
+  Scores over both parts share one softmax.
+- Keys are stored d-major ([.., D, S]) and values slot-major ([.., S, D]): both attention
+  products then reduce over a non-minor axis with a contiguous minor axis, which XLA:CPU
+  vectorises (scores from a [.., S, D] key layout ran ~3x slower).
+The decode loop body is unrolled over layers (weights split once per call by
+`decode_weights`); compile time per layer is measured in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.llama import Transformer, block_tail, project_qkv, rms_norm
+from sagc_jax.models.rope import inv_frequencies
+
+_NEG_INF = -1e30
+
+
+class PrefixKV(NamedTuple):
+    """Prompt keys/values once per prompt: k per layer [P, K, D, Lp], v per layer [P, K, Lp, D]."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+
+class GenKV(NamedTuple):
+    """Generated keys/values per row: k per layer [R, K, D, M], v per layer [R, K, M, D]."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+
+class DecodeWeights(NamedTuple):
+    """Weights in compute dtype, split per layer once per call (not inside the decode loop)."""
+
+    embed: jax.Array  # [V, H]
+    layers: tuple[dict[str, jax.Array], ...]
+    final_norm: jax.Array  # [H]
+    head: jax.Array  # [H, V]
+
+
+def decode_weights(model: Transformer) -> DecodeWeights:
+    cfg = model.cfg
+    dt = jnp.dtype(cfg.dtype)
+    stacked = {k: v.astype(dt) for k, v in nnx.to_pure_dict(nnx.state(model.layers)).items()}
+    layers = tuple({k: v[i] for k, v in stacked.items()} for i in range(cfg.num_layers))
+    embed = model.embed[...]
+    head = embed.T if cfg.tie_word_embeddings else model.lm_head[...]
+    return DecodeWeights(embed, layers, model.final_norm[...], head.astype(dt))
+
+
+def prefix_from_prefill(k: jax.Array, v: jax.Array) -> PrefixKV:
+    """Prefill's stacked k, v [L, P, K, Lp, D] -> per-layer `PrefixKV` (keys d-major)."""
+    return PrefixKV(tuple(jnp.swapaxes(k[i], -1, -2) for i in range(k.shape[0])),
+                    tuple(v[i] for i in range(v.shape[0])))
+
+
+def init_gen(cfg: ModelConfig, rows: int, slots: int) -> GenKV:
+    dt = jnp.dtype(cfg.dtype)
+    kd, d = cfg.num_kv_heads, cfg.head_dim
+    return GenKV(tuple(jnp.zeros((rows, kd, d, slots), dt) for _ in range(cfg.num_layers)),
+                 tuple(jnp.zeros((rows, kd, slots, d), dt) for _ in range(cfg.num_layers)))
+
+
+# ---- T=1 attention products: the one place that picks the form per backend ------------------
+
+def _multiply_reduce(m: int) -> bool:
+    """Broadcast-multiply-and-reduce instead of a batched `dot` for m query rows per kv head.
+
+    XLA:CPU lowers small batched dots (m of a few rows against one layer's cache) to a generic
+    loop that reads K/V well below bandwidth; an elementwise product reduced over a non-minor
+    axis is one vectorised fusion that streams K/V once. With many rows per kv head (a shared
+    prefix seen by G rows) the dot is a real matmul and wins. On GPU/TPU the dot (cuBLAS / MXU
+    batched matmul) is kept: not measured on a GPU in this change.
+    """
+    return jax.default_backend() == "cpu" and m <= 16
+
+
+def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
+    """q [..., M, D], k [..., D, S] (d-major) -> [..., M, S] float32."""
+    if _multiply_reduce(q.shape[-2]):
+        return jnp.sum(q.astype(jnp.float32)[..., :, :, None] * k[..., None, :, :], axis=-2)
+    return jnp.einsum("...md,...ds->...ms", q, k, preferred_element_type=jnp.float32)
+
+
+def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
+    """p [..., M, S] float32, v [..., S, D] -> [..., M, D] float32."""
+    if _multiply_reduce(p.shape[-2]):
+        return jnp.sum(p[..., :, :, None] * v[..., None, :, :], axis=-2)
+    return jnp.einsum("...ms,...sd->...md", p.astype(v.dtype), v,
+                      preferred_element_type=jnp.float32)
+
+
+def decode_attention(q: jax.Array, pk: jax.Array, pv: jax.Array, prefix_mask: jax.Array,
+                     gk: jax.Array, gv: jax.Array, t: jax.Array, group: int) -> jax.Array:
+    """One query token per row over its prompt's prefix and its own generated slots [0, t].
+
+    q [R, N, D]; pk [P, K, D, Lp], pv [P, K, Lp, D], prefix_mask [P, Lp] bool; gk [R, K, D, M],
+    gv [R, K, M, D]; R = P * group. Returns [R, N*D] in q's dtype. Softmax in float32 over the
+    prefix and generated scores together.
+    """
+    R, N, D = q.shape
+    P, K, _, Lp = pk.shape
+    hr = N // K
+    scale = D ** -0.5
+    # Prefix: the group's rows and heads of one kv head form the m = group * hr query rows.
+    qp = q.reshape(P, group, K, hr, D).transpose(0, 2, 1, 3, 4).reshape(P, K, group * hr, D)
+    sp = _scores(qp, pk) * scale
+    sp = jnp.where(prefix_mask[:, None, None, :], sp, _NEG_INF)
+    sp = sp.reshape(P, K, group, hr, Lp).transpose(0, 2, 1, 3, 4).reshape(R, K, hr, Lp)
+    sg = _scores(q.reshape(R, K, hr, D), gk) * scale  # [R, K, hr, M]
+    sg = jnp.where(jnp.arange(gk.shape[-1]) <= t, sg, _NEG_INF)
+    m = jnp.maximum(sp.max(-1), sg.max(-1))[..., None]
+    ep, eg = jnp.exp(sp - m), jnp.exp(sg - m)
+    den = ep.sum(-1) + eg.sum(-1)
+    ep = ep.reshape(P, group, K, hr, Lp).transpose(0, 2, 1, 3, 4).reshape(P, K, group * hr, Lp)
+    op = _weighted(ep, pv).reshape(P, K, group, hr, D).transpose(0, 2, 1, 3, 4)
+    out = (op.reshape(R, K, hr, D) + _weighted(eg, gv)) / den[..., None]
+    return out.reshape(R, N * D).astype(q.dtype)
+
+
+def decode_step(cfg: ModelConfig, w: DecodeWeights, tokens: jax.Array, positions: jax.Array,
+                prefix: PrefixKV, prefix_mask: jax.Array, gen: GenKV, t: jax.Array,
+                group: int) -> tuple[jax.Array, GenKV]:
+    """Feeds tokens [R] at positions [R] into generated slot t; returns (logits [R, V] f32, gen).
+
+    Each layer writes its new key/value into its own buffers in place, then attends over the
+    row's prompt prefix (prefix_mask) and generated slots [0, t].
+    """
+    R = tokens.shape[0]
+    dt = jnp.dtype(cfg.dtype)
+    inv_freq = inv_frequencies(cfg)
+    x = jnp.take(w.embed, tokens, axis=0).astype(dt)  # [R, H]
+    gk, gv = list(gen.k), list(gen.v)
+    for i, p in enumerate(w.layers):
+        q, k, v = project_qkv(cfg, p, x, positions[:, None], inv_freq, R, 1)
+        gk[i] = jax.lax.dynamic_update_slice(gk[i], jnp.swapaxes(k, -1, -2), (0, 0, 0, t))
+        gv[i] = jax.lax.dynamic_update_slice(gv[i], v, (0, 0, t, 0))
+        attn = decode_attention(q[:, 0], prefix.k[i], prefix.v[i], prefix_mask, gk[i], gv[i],
+                                t, group)
+        x = block_tail(cfg, p, x, attn)
+    x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+    logits = jnp.dot(x, w.head, preferred_element_type=jnp.float32)
+    return logits, GenKV(tuple(gk), tuple(gv))
