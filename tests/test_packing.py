@@ -12,10 +12,10 @@ from flax import nnx
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.packed_step import PackedSteps
 from sagc_jax.rl.packing import first_fit_decreasing, pack_batch, plan_packing, split_rows
 from sagc_jax.rl.train_step import LossSettings, completion_logprobs, make_train_step
 from sagc_jax.sampling import compile_count
+from sagc_jax.train.packed import PackedSteps
 
 CFG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8)
@@ -232,3 +232,56 @@ def test_sharded_packed_update_matches_single_device():
                             chunk_sizes=(4,))
     assert len(jax.tree.leaves(p4)[3].sharding.device_set) == 4
     _assert_same(pu, mu, p4, m4, atol=2e-5)
+
+
+# ------------------------------------------------------------------ the learner and the plan
+def test_learner_packed_equals_padded_with_kl_and_mu_2():
+    """The wiring: Learner.update with packing (reference and old log-prob passes, μ = 2
+    iterations, KL) gives the padded learner's params and metrics; util is reported."""
+    from sagc_jax.rl.batch import TrainBatch
+    from sagc_jax.train.learner import CompiledSteps, Learner
+    from sagc_jax.train.state import TrainState
+
+    settings = LossSettings(beta=0.04, max_tokens=N)
+    opt = optax.sgd(0.5)
+    graphdef, params = _model()
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    shard = state_shardings(params, mesh)
+    batch = _batch(11)
+    out = {}
+    for name in ("padded", "packed"):
+        p = jax.device_put(jax.tree.map(np.asarray, params), shard)
+        o = opt.init(p)
+        o_shard = jax.tree.map(lambda x: x.sharding, o)
+        steps = CompiledSteps(graphdef, opt, settings, mesh, shard, o_shard)
+        packed = PackedSteps(graphdef, opt, settings, mesh, shard, o_shard, num_groups=P,
+                             seqs=S, completion_len=N, pack_len=PACK_LEN,
+                             chunk_sizes=(2,)) if name == "packed" else None
+        learner = Learner(steps, beta=0.04, num_iterations=2, packed=packed, pad_id=PAD)
+        learner.ref_params = jax.tree.map(lambda x: x + 0.01, p)  # a reference != the policy
+        state, m = learner.update(TrainState(p, o, 0),
+                                  TrainBatch(dict(batch), LP, N, num_groups=P))
+        out[name] = (state.params, m)
+    (pa, ma), (pb, mb) = out["padded"], out["packed"]
+    assert ma["kl"] > 0
+    _assert_same(pa, [ma], pb, [mb])
+    assert mb["train_token_util"] > ma["train_token_util"] > 0
+
+
+def test_plan_declares_packing_shapes():
+    from sagc_jax.config import load_config
+    from sagc_jax.train.plan import ShapePlan, default_chunk_rows
+
+    assert default_chunk_rows(None, 1) == (8, 4, 2, 1)
+    assert default_chunk_rows(None, 4) == (32, 16, 8, 4)
+    assert default_chunk_rows(6, 1) == (6, 3)
+    cfg = load_config(None, ["sampling.prompt_buckets=[16,32]", "sampling.max_new_tokens=100",
+                             "sagc.group_sizes=[4,8]", "data.prompts_per_step=8"])
+    plan = ShapePlan.from_config(cfg)
+    assert plan.packing and plan.pack_len == 136 and plan.max_rows == 64
+    assert plan.completion_bucket(3) == plan.completion_buckets[-1]
+    assert not ShapePlan.from_config(cfg, num_processes=2).packing  # single-process only
+    bad = load_config(None, ["sampling.prompt_buckets=[16,32]", "sampling.max_new_tokens=100",
+                             "algo.pack_len=64"])
+    errors, _ = ShapePlan.from_config(bad).problems()
+    assert any("algo.pack_len" in e for e in errors)

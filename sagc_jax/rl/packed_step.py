@@ -8,23 +8,20 @@ its own sequences only (`chunk == i`). Every aggregation divides sums by full-ba
 float summation order): packing changes where a token sits, never the loss.
 
 Compiled shapes: one grad step and one log-prob step per chunk size, one apply step — none
-depends on G, the prompt bucket or the completion lengths.
+depends on G, the prompt bucket or the completion lengths. `train.packed.PackedSteps` jits them
+over the mesh and runs the host loop.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
 
-from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.advantages import group_advantages
 from sagc_jax.rl.losses import policy_loss, token_logprobs
 from sagc_jax.rl.packing import unpack
@@ -134,125 +131,3 @@ def zero_acc(params: Any) -> tuple[Any, dict[str, jax.Array]]:
     return (jax.tree.map(jnp.zeros_like, params),
             {k: jnp.zeros((), jnp.float32) for k in SUM_METRICS})
 
-
-@dataclasses.dataclass
-class PackedSteps:
-    """Jitted packed steps over a mesh and the host loop of one update.
-
-    Chunk rows shard over data x fsdp when the chunk size divides it (else replicated);
-    per-sequence arrays are replicated (small: [S, N]). Params, optimizer state and the gradient
-    accumulator (to the grad steps) are donated. `seqs` (S), `completion_len` (N) and
-    `num_groups` are the run's largest batch, so no shape depends on G.
-    """
-
-    graphdef: nnx.GraphDef
-    optimizer: optax.GradientTransformation
-    settings: LossSettings
-    mesh: Mesh
-    param_shardings: Any
-    opt_shardings: Any
-    num_groups: int
-    seqs: int
-    completion_len: int
-    pack_len: int
-    chunk_sizes: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        self._jit: dict[tuple, Callable] = {}
-        self._compiled: dict[tuple, Callable] = {}
-        self._rep = replicated(self.mesh)
-        self._index = [jax.device_put(np.int32(i), self._rep) for i in range(256)]
-
-    # ---- shardings and abstract inputs
-    def chunk_sharding(self, rows: int) -> NamedSharding:
-        ways = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        return batch_sharding(self.mesh, 2) if rows % ways == 0 else self._rep
-
-    def _acc_shardings(self) -> tuple[Any, dict[str, NamedSharding]]:
-        return self.param_shardings, {k: self._rep for k in SUM_METRICS}
-
-    def _seq_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
-        S, N = self.seqs, self.completion_len
-        dt = {"old_logprobs": jnp.float32, "ref_logprobs": jnp.float32, "rewards": jnp.float32,
-              "loss_rows": jnp.bool_, "valid": jnp.bool_}
-        return {k: jax.ShapeDtypeStruct((S, N) if nd == 2 else (S,), dt.get(k, jnp.int32),
-                                        sharding=self._rep) for k, nd in SEQ_FIELDS.items()}
-
-    def _chunk_spec(self, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
-        sh = self.chunk_sharding(rows)
-        return {k: jax.ShapeDtypeStruct((rows, self.pack_len), jnp.int32, sharding=sh)
-                for k in CHUNK_FIELDS}
-
-    # ---- jitted functions
-    def _fn(self, name: str, rows: int = 0) -> Callable:
-        key = (name, rows)
-        if key in self._compiled:
-            return self._compiled[key]
-        if key not in self._jit:
-            rep, acc = self._rep, self._acc_shardings()
-            seq = {k: rep for k in SEQ_FIELDS}
-            chunk = {k: self.chunk_sharding(rows) for k in CHUNK_FIELDS}
-            ps, os_ = self.param_shardings, self.opt_shardings
-            if name == "grad":
-                fn = jax.jit(make_grad_step(self.graphdef, self.settings,
-                                            num_groups=self.num_groups),
-                             in_shardings=(ps, acc, chunk, seq, rep), out_shardings=acc,
-                             donate_argnums=(1,))
-            elif name == "logp":
-                fn = jax.jit(make_logprob_step(self.graphdef, self.settings.temperature),
-                             in_shardings=(ps, rep, chunk, seq, rep), out_shardings=rep,
-                             donate_argnums=(1,))
-            elif name == "apply":
-                fn = jax.jit(make_apply_step(self.optimizer, self.settings,
-                                             num_groups=self.num_groups),
-                             in_shardings=(ps, os_, acc, seq), out_shardings=(ps, os_, rep),
-                             donate_argnums=(0, 1))
-            else:
-                fn = jax.jit(zero_acc, in_shardings=(ps,), out_shardings=acc)
-            self._jit[key] = fn
-        return self._jit[key]
-
-    def warm_up(self, params: Any, opt_state: Any, need_logprobs: bool) -> None:
-        """Compiles (ahead of time) every packed step of the declared chunk sizes."""
-        acc = jax.eval_shape(zero_acc, params)
-        acc = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                           acc, self._acc_shardings())
-        seq, idx = self._seq_spec(), jax.ShapeDtypeStruct((), jnp.int32, sharding=self._rep)
-        out = jax.ShapeDtypeStruct((self.seqs, self.completion_len), jnp.float32,
-                                   sharding=self._rep)
-        todo = {("zeros", 0): (params,), ("apply", 0): (params, opt_state, acc, seq)}
-        for c in self.chunk_sizes:
-            todo[("grad", c)] = (params, acc, self._chunk_spec(c), seq, idx)
-            if need_logprobs:
-                todo[("logp", c)] = (params, out, self._chunk_spec(c), seq, idx)
-        for key, args in todo.items():
-            if key not in self._compiled:
-                self._compiled[key] = self._fn(*key).lower(*args).compile()
-
-    # ---- the host loop
-    def to_device(self, chunks: list[dict[str, np.ndarray]], seqs: dict[str, np.ndarray]
-                  ) -> tuple[list[dict[str, jax.Array]], dict[str, jax.Array]]:
-        """Host chunks and per-sequence arrays -> device arrays with the steps' shardings."""
-        dev_chunks = [{k: jax.device_put(c[k], self.chunk_sharding(len(c[k])))
-                       for k in CHUNK_FIELDS} for c in chunks]
-        return dev_chunks, {k: jax.device_put(np.asarray(seqs[k]), self._rep)
-                            for k in SEQ_FIELDS}
-
-    def logprobs(self, params: Any, chunks: list[dict[str, jax.Array]],
-                 seqs: dict[str, jax.Array]) -> jax.Array:
-        """Completion log-probs [S, N] of every packed sequence (0 elsewhere)."""
-        out = jax.device_put(np.zeros((self.seqs, self.completion_len), np.float32), self._rep)
-        for i, c in enumerate(chunks):
-            out = self._fn("logp", len(c["tokens"]))(params, out, c, seqs, self._index[i])
-        return out
-
-    def update(self, params: Any, opt_state: Any, chunks: list[dict[str, jax.Array]],
-               seqs: dict[str, jax.Array]) -> tuple[Any, Any, dict[str, jax.Array]]:
-        """One optimizer step on the whole batch: grads accumulated over the chunks."""
-        if len(chunks) > len(self._index):
-            raise ValueError(f"PackedSteps.update: {len(chunks)} chunks exceed "
-                             f"{len(self._index)}; declare larger chunk sizes")
-        acc = self._fn("zeros")(params)
-        for i, c in enumerate(chunks):
-            acc = self._fn("grad", len(c["tokens"]))(params, acc, c, seqs, self._index[i])
-        return self._fn("apply")(params, opt_state, acc, seqs)

@@ -36,7 +36,8 @@ from sagc_jax.train.state import copy_params
 
 logger = logging.getLogger("sagc_jax.train")
 
-_LOSS_KEYS = ("loss", "pg_loss", "kl", "grad_norm", "clip_frac", "ratio_mean", "adv_abs_mean")
+_LOSS_KEYS = ("loss", "pg_loss", "kl", "grad_norm", "clip_frac", "ratio_mean", "adv_abs_mean",
+              "train_token_util")
 
 
 def _log(run: Run, msg: str, *args: Any) -> None:
