@@ -34,8 +34,10 @@ def plot_run(metrics_path: Path, out_dir: Path) -> list[Path]:
     steps = np.array([r["step"] for r in rows])
     panels = [("reward_mean", "training reward"), ("len_mean", "mean completion length"),
               ("group_size", "group size G"), ("straggler_rate", "straggler rate"),
-              ("step_s", "seconds per step"), ("sagc_queue", "SAGC virtual queue")]
-    fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(11, 9), sharex=True)
+              ("step_s", "seconds per step"), ("sagc_queue", "SAGC virtual queue"),
+              ("train_s", "train-step seconds"),
+              ("train_token_util", "train token utilisation (real / computed)")]
+    fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(11, 12), sharex=True)
     for ax, (key, title) in zip(axes.ravel(), panels):
         y = np.array([float(r.get(key, np.nan)) if not isinstance(r.get(key), str) else np.nan
                       for r in rows])

@@ -262,6 +262,20 @@ class AlgoConfig(Section):
     )
     overlong_penalty: Float = field(1.0, "Maximum overlong penalty (reached at the limit).", ge=0)
     mask_truncated: Bool = field(False, "Exclude truncated completions from the loss.")
+    packing: Bool = field(
+        True,
+        "Pack (prompt + completion) sequences into rows of pack_len slots for the train step "
+        "and the log-prob passes (exact; no padding to a completion bucket).",
+    )
+    pack_len: PosInt | None = field(
+        None, "Slots per packed row; None = largest prompt bucket + max_new_tokens - 1, rounded "
+        "up to 8."
+    )
+    pack_chunk_rows: tuple[PosInt, ...] | None = field(
+        None,
+        "Declared packed-row counts of the compiled chunks an update runs (one compile each); "
+        "None = micro_batch_rows (or 8 x data x fsdp) halved down to data x fsdp.",
+    )
 
     @model_validator(mode="after")
     def _clip(self) -> AlgoConfig:

@@ -10,6 +10,9 @@ Call contract:
 - `model(ids, positions=..., kv_mask=...)`: padded input; positions [B, T] int, kv_mask [B, T]
   bool (False on padding). Causality is by slot index. `last_only=True` returns logits of the
   last position only ([B, 1, V]).
+- `model(ids, positions=..., segment_ids=...)`: packed input (full-sequence forward only, no
+  cache): several sequences share a row; segment_ids [B, T] int labels each slot's sequence
+  (0 = padding) and attention never crosses segments; positions restart per sequence.
 - `model(ids, positions=..., kv_mask=..., cache=cache, cache_index=i)`: writes the T new keys/values
   at slots [i, i+T) of the cache and attends to every slot j <= i+t with kv_mask[b, j] True;
   kv_mask is [B, S] over cache slots. Returns (logits, new_cache).
@@ -143,6 +146,17 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax
     return out.reshape(B, T, N * D)
 
 
+def _segment_mask(segment_ids: jax.Array, cache: KVCache | None) -> jax.Array:
+    """[B, T, T] True where query and key slots hold the same packed sequence.
+
+    Padding (id 0) attends to padding only, so no query row is fully masked.
+    """
+    if cache is not None:
+        raise ValueError("Transformer: segment_ids (packed sequences) is for the full-sequence "
+                         "forward; it cannot be combined with a KV cache")
+    return segment_ids[:, :, None] == segment_ids[:, None, :]
+
+
 class Transformer(nnx.Module):
     """Decoder-only LM for model_type llama and qwen2 (they differ only in config flags)."""
 
@@ -167,11 +181,13 @@ class Transformer(nnx.Module):
         last_only: bool = False,
         rows_sharding: jax.sharding.Sharding | None = None,
         return_kv: bool = False,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache] | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """`rows_sharding` (train step under FSDP): the embedded [B*T, H] rows' sharding.
         The lookup otherwise comes out sharded on H like the embedding, and GSPMD keeps every
         activation whole on each device (gathering activations, all-reducing partial sums: full
-        logits per device); pinned rows make it gather each layer's weights instead."""
+        logits per device); pinned rows make it gather each layer's weights instead.
+        `segment_ids` [B, T] (packed training rows): attention stays inside a segment."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T = input_ids.shape
@@ -182,6 +198,8 @@ class Transformer(nnx.Module):
         if kv_mask is None:
             kv_mask = jnp.ones((B, S), bool)
         mask = (jnp.arange(S)[None, None, :] <= q_slots[None, :, None]) & kv_mask[:, None, :]
+        if segment_ids is not None:
+            mask = mask & _segment_mask(segment_ids, cache)
 
         inv_freq = inv_frequencies(cfg)
         x = jnp.take(self.embed[...], input_ids.reshape(-1), axis=0).astype(dt)  # [B*T, H]

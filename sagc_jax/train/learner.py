@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.batch import TrainBatch
+from sagc_jax.rl.packing import pack_batch
 from sagc_jax.rl.train_step import (
     BATCH_FIELDS,
     LossSettings,
@@ -25,6 +26,7 @@ from sagc_jax.rl.train_step import (
     make_train_step,
 )
 from sagc_jax.train.hosts import Hosts
+from sagc_jax.train.packed import PackedSteps
 from sagc_jax.train.plan import ShapePlan, micro_batches
 from sagc_jax.train.state import TrainState
 
@@ -142,16 +144,23 @@ class CompiledSteps:
 class Learner:
     """`update(state, batch) -> (state, metrics)`: μ GRPO iterations of one compiled step.
 
+    With `packed` (single process), the batch's sequences are packed (`rl.packing`) and the
+    update runs the packed steps; otherwise the padded `steps`. Both report `train_token_util`:
+    real tokens (prompt + completion - 1 of every sequence in the loss) ÷ tokens the train
+    step's forward computes.
     ref_params: the frozen KL reference (set by the loop when `algo.beta > 0`).
     """
 
     def __init__(self, steps: CompiledSteps, *, beta: float, num_iterations: int,
-                 hosts: Hosts | None = None, batch_ways: int = 1):
+                 hosts: Hosts | None = None, batch_ways: int = 1,
+                 packed: PackedSteps | None = None, pad_id: int = 0):
         self.steps = steps
         self.beta = beta
         self.num_iterations = num_iterations
         self.hosts = hosts or Hosts()
         self.batch_ways = batch_ways
+        self.packed = packed
+        self.pad_id = pad_id
         self.ref_params: Any = None
 
     @property
@@ -161,6 +170,9 @@ class Learner:
 
     def warm_up(self, state: TrainState, plan: ShapePlan) -> None:
         """Compiles every train-step shape of the plan ahead of time."""
+        if self.packed is not None:
+            self.packed.warm_up(state.params, state.opt_state, self.needs_logprobs)
+            return
         for s in plan.train_shapes():
             self.steps.warm_up(state.params, state.opt_state, s.rows, s.prompts,
                                s.prompt_bucket, s.completion_bucket, self.needs_logprobs)
@@ -168,6 +180,8 @@ class Learner:
     def update(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, float]]:
         """The new state and the metrics averaged over μ iterations; a non-finite loss stops
         early with `finite = 0` in the metrics (params of that iteration were not updated)."""
+        if self.packed is not None:
+            return self._update_packed(state, batch)
         rows = batch.rows * self.hosts.count  # global rows
         lp, n = batch.prompt_len, batch.completion_len
         shard = self.steps.batch_shardings(rows)
@@ -183,13 +197,42 @@ class Learner:
                 dev["old_logprobs"] = logp_fn(state.params, dev["tokens"], dev["prompt_pad"],
                                               dev["lengths"])
         fn = self.steps.train_fn(rows, batch.num_groups, lp, n)
+        a = batch.arrays
+        real = _real_tokens(lp - a["prompt_pad"], a["lengths"], a["loss_rows"])
+        util = real / (batch.rows * (lp + n - 1))  # this process's rows
+        return self._iterate(state, lambda p, o: fn(p, o, dev), util)
+
+    def _update_packed(self, state: TrainState,
+                       batch: TrainBatch) -> tuple[TrainState, dict[str, float]]:
+        ps = self.packed
+        chunks, seqs, plan = pack_batch(
+            batch.arrays, batch.prompt_len, seqs=ps.seqs, completion_len=ps.completion_len,
+            pack_len=ps.pack_len, chunk_sizes=ps.chunk_sizes, pad_id=self.pad_id)
+        chunks, seqs = ps.to_device(chunks, seqs)
+        if self.beta > 0:
+            seqs["ref_logprobs"] = ps.logprobs(self.ref_params, chunks, seqs)
+        if self.num_iterations > 1:
+            seqs["old_logprobs"] = ps.logprobs(state.params, chunks, seqs)
+        return self._iterate(state, lambda p, o: ps.update(p, o, chunks, seqs),
+                             plan.token_util)
+
+    def _iterate(self, state: TrainState, step: Callable,
+                 util: float) -> tuple[TrainState, dict[str, float]]:
+        """μ iterations of `step(params, opt_state) -> (params, opt_state, metrics)`."""
         params, opt_state = state.params, state.opt_state
         sums: dict[str, float] = {}
         for _ in range(self.num_iterations):
-            params, opt_state, m = fn(params, opt_state, dev)
+            params, opt_state, m = step(params, opt_state)
             m = {k: float(v) for k, v in m.items()}
             if m["finite"] < 1:
                 return TrainState(params, opt_state, state.step), m
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v / self.num_iterations
+        sums["train_token_util"] = util
         return TrainState(params, opt_state, state.step + 1), sums
+
+
+def _real_tokens(prompt_lens: Any, lengths: Any, loss_rows: Any) -> int:
+    """Σ (prompt + completion - 1) over sequences with a loss token (the useful forward)."""
+    keep = (lengths > 0) & loss_rows
+    return int((prompt_lens + lengths - 1)[keep].sum())

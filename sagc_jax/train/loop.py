@@ -40,7 +40,8 @@ from sagc_jax.train.state import copy_params
 logger = logging.getLogger("sagc_jax.train")
 
 _LOSS_KEYS = ("loss", "pg_loss", "kl", "grad_norm", "clip_ratio", "clip_ratio_low",
-              "clip_ratio_high", "ratio_mean", "adv_abs_mean", "entropy", "frac_reward_zero_std")
+              "clip_ratio_high", "ratio_mean", "adv_abs_mean", "entropy", "frac_reward_zero_std",
+              "train_token_util")
 
 
 def _log(run: Run, msg: str, *args: Any) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from sagc_jax.rl.packing import pack_len_for
 from sagc_jax.sagc import prompts_for
 from sagc_jax.sampling import SamplingConfig
 
@@ -43,6 +44,18 @@ def micro_batches(rows: int, micro_batch_rows: int | None) -> int:
     return rows // micro_batch_rows
 
 
+def default_chunk_rows(micro_batch_rows: int | None, batch_ways: int) -> tuple[int, ...]:
+    """Packed chunk sizes: `micro_batch_rows` (or 8 x data x fsdp) halved while even and not
+    below data x fsdp, so every chunk but the smallest shards evenly and an update pads fewer
+    rows than the smallest size."""
+    c = micro_batch_rows or 8 * batch_ways
+    out = [c]
+    while c % 2 == 0 and c // 2 >= batch_ways:
+        c //= 2
+        out.append(c)
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainShape:
     """One compiled train step: rows = prompts x G, sequence = prompt bucket + completion."""
@@ -62,6 +75,8 @@ class ShapePlan:
       prompts_per_g: {G: prompts per step} (global, all processes together).
       batch_ways: data x fsdp devices the batch rows are sharded over.
       data_shards: virtual data shards (`data.shards`, default the process count).
+      packing: the train step runs on packed sequences (`algo.packing`, single process);
+        pack_len slots per row, chunks of `pack_chunk_rows` rows (see `rl.packing`).
     """
 
     group_sizes: tuple[int, ...]
@@ -75,13 +90,16 @@ class ShapePlan:
     batch_ways: int = 1
     num_processes: int = 1
     data_shards: int = 1
+    packing: bool = False
+    pack_len: int = 0
+    pack_chunk_rows: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Any, *, batch_ways: int = 1, num_processes: int = 1,
                     group_sizes: tuple[int, ...] | None = None) -> ShapePlan:
         """The plan of `cfg` (a Config); `group_sizes` restricts it (the dry run skips rungs
         whose prompt count is invalid). ValueError from `prompts_for` names a bad rung."""
-        s = cfg.sampling
+        s, a = cfg.sampling, cfg.algo
         gs = tuple(cfg.sagc.group_sizes) if group_sizes is None else tuple(group_sizes)
         return cls(
             group_sizes=gs,
@@ -91,7 +109,11 @@ class ShapePlan:
             max_new_tokens=s.max_new_tokens, decode_chunk=s.decode_chunk,
             completion_buckets=completion_buckets(s.max_new_tokens, s.decode_chunk),
             micro_batch_rows=cfg.algo.micro_batch_rows, batch_ways=batch_ways,
-            num_processes=num_processes, data_shards=cfg.data.shards or num_processes)
+            num_processes=num_processes, data_shards=cfg.data.shards or num_processes,
+            packing=bool(a.packing) and num_processes == 1,
+            pack_len=a.pack_len or pack_len_for(s.prompt_buckets[-1], s.max_new_tokens),
+            pack_chunk_rows=tuple(sorted(a.pack_chunk_rows or default_chunk_rows(
+                a.micro_batch_rows, batch_ways), reverse=True)))
 
     # ---- the sampler
     def sampling_config(self, cfg: Any) -> SamplingConfig:
@@ -120,8 +142,21 @@ class ShapePlan:
                 for n in self.completion_buckets:
                     yield TrainShape(g, p, p * g, lp, n)
 
+    @property
+    def max_rows(self) -> int:
+        """The largest batch (global rows) of any G: a packed update's sequence count S."""
+        return max(p * g for g, p in self.prompts_per_g.items())
+
+    @property
+    def max_prompts(self) -> int:
+        """The largest prompt count of any G (the packed step's static group count)."""
+        return max(self.prompts_per_g.values())
+
     def completion_bucket(self, longest: int) -> int:
-        """Train-step completion length for a batch whose longest completion is `longest`."""
+        """Train-step completion length for a batch whose longest completion is `longest`
+        (packed: always the largest; packing, not the bucket, removes the padding)."""
+        if self.packing:
+            return self.completion_buckets[-1]
         return bucket(max(int(longest), 1), self.completion_buckets)
 
     def micro_batches(self, rows: int) -> int:
@@ -160,6 +195,15 @@ class ShapePlan:
                 elif self.rows_split(rows) and mb % ways:
                     warnings.append(f"algo.micro_batch_rows: {mb} does not divide data x fsdp "
                                     f"= {ways}: micro-batches are resharded every step")
+        if self.packing:
+            need = self.prompt_buckets[-1] + self.max_new_tokens - 1
+            if self.pack_len < need:
+                errors.append(f"algo.pack_len: {self.pack_len} slots cannot hold the longest "
+                              f"sequence (largest prompt bucket + max_new_tokens - 1 = {need})")
+            odd = [c for c in self.pack_chunk_rows if c % ways]
+            if odd:
+                warnings.append(f"algo.pack_chunk_rows: {odd} do not divide data x fsdp = {ways}:"
+                                " those chunks are replicated (correct, not data-parallel)")
         return errors, warnings
 
     def owned_shards(self, process_index: int) -> list[int]:

@@ -31,6 +31,7 @@ from sagc_jax.sagc import make_policy
 from sagc_jax.sampling import Sampler
 from sagc_jax.train.hosts import Hosts
 from sagc_jax.train.learner import CompiledSteps, Learner, loss_settings
+from sagc_jax.train.packed import PackedSteps
 from sagc_jax.train.plan import ShapePlan
 from sagc_jax.train.state import TrainState, init_opt_state
 
@@ -166,8 +167,17 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     opt_state, opt_shardings = init_opt_state(optimizer, params, mesh)
     steps = CompiledSteps(graphdef, optimizer, loss_settings(cfg), mesh, param_shardings,
                           opt_shardings, cfg.algo.micro_batch_rows)
+    packed = None
+    if plan.packing:
+        packed = PackedSteps(graphdef, optimizer, loss_settings(cfg), mesh, param_shardings,
+                             opt_shardings, num_groups=plan.max_prompts, seqs=plan.max_rows,
+                             completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
+                             chunk_sizes=plan.pack_chunk_rows)
+    elif cfg.algo.packing and hosts.is_main:
+        logger.info("algo.packing: off with %d processes (packing is single-process for now); "
+                    "the train step pads rows to the completion bucket", hosts.count)
     learner = Learner(steps, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations,
-                      hosts=hosts, batch_ways=plan.batch_ways)
+                      hosts=hosts, batch_ways=plan.batch_ways, packed=packed, pad_id=pad_id)
     blueprint = _blueprint(graphdef, params)
     sampler = Sampler(blueprint, config=plan.sampling_config(cfg), pad_id=pad_id, eos_ids=eos,
                       mesh=mesh)

@@ -1,0 +1,225 @@
+"""Train step: padded (completion buckets) vs packed, on the main job's own steps, interleaved.
+
+    python benchmarks/train_step.py --trace runs/tiny_cpu/trace.jsonl [--steps 12] [--repeats 2]
+
+Replays `--steps` steps of a run's trace (G and every completion length, spread over the run)
+through both train steps of `--config`'s model, with prompt lengths drawn from the task's real
+tokenized prompts. Random weights and token ids: the cost of a step does not depend on them.
+Both updates of a step run back to back (order alternating), compiles excluded, and each time
+includes building and transferring its batch (packing is host work the trainer pays for).
+
+Also measured in the same run: the machine's f32 matmul rate (a [2048, 2048] @ [2048, 2048]
+product), and the forward / forward+backward split of one packed chunk. The roofline: a step
+needs ~6 x params x real tokens FLOPs (forward 2, backward 4); at the measured matmul rate that
+is the floor its seconds are compared against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sagc_jax.config import load_config
+from sagc_jax.data.pipeline import load_examples
+from sagc_jax.data.tokenizer import encode_prompt, load_tokenizer
+from sagc_jax.models.build import model_config
+from sagc_jax.models.llama import Transformer
+from sagc_jax.models.sharding import state_shardings
+from sagc_jax.optim import make_optimizer
+from sagc_jax.parallel import make_mesh
+from sagc_jax.rl.packing import pack_batch
+from sagc_jax.rl.train_step import BATCH_FIELDS
+from sagc_jax.train.learner import CompiledSteps, loss_settings
+from sagc_jax.train.packed import PackedSteps
+from sagc_jax.train.plan import ShapePlan, bucket
+from sagc_jax.train.state import init_opt_state
+
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def matmul_gflops(n: int = 2048, reps: int = 5) -> float:
+    """Best-of-`reps` f32 GFLOP/s of an [n, n] @ [n, n] jitted product."""
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = min(_timed(lambda: f(a).block_until_ready()) for _ in range(reps))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _batches(trace: list[dict], plan: ShapePlan, prompt_lens: np.ndarray, vocab: int,
+             steps: int, seed: int) -> list[dict]:
+    """Host batches (BATCH_FIELDS) of `steps` trace steps spread over the run."""
+    rng = np.random.default_rng(seed)
+    lp, nmax = plan.prompt_buckets[-1], plan.completion_buckets[-1]
+    pick = np.linspace(0, len(trace) - 1, steps).round().astype(int)
+    out = []
+    for i in pick:
+        t = trace[i]
+        g = t["group_size"]
+        lens = np.concatenate([grp["lengths"] for grp in t["groups"]]).astype(np.int32)
+        rewards = np.concatenate([grp["rewards"] for grp in t["groups"]]).astype(np.float32)
+        rows = len(lens)
+        plen = rng.choice(prompt_lens, rows // g).repeat(g)
+        n = bucket(max(int(lens.max()), 1), plan.completion_buckets)
+        out.append({"step": t["step"], "g": g, "n": n, "arrays": {
+            "tokens": rng.integers(3, vocab, (rows, lp + nmax)).astype(np.int32),
+            "prompt_pad": (lp - plen).astype(np.int32), "lengths": lens,
+            "old_logprobs": np.full((rows, nmax), -np.log(vocab), np.float32),
+            "ref_logprobs": np.zeros((rows, nmax), np.float32), "rewards": rewards,
+            "group_ids": (np.arange(rows) // g).astype(np.int32),
+            "valid": np.ones(rows, bool), "loss_rows": np.ones(rows, bool)}})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/tiny_cpu.yaml")
+    ap.add_argument("--trace", required=True, help="a run's trace.jsonl (G and lengths)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+
+    cfg = load_config(args.config)
+    tok = load_tokenizer(cfg.model.tokenizer)
+    mcfg = model_config(cfg, len(tok), tok)
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    plan = ShapePlan.from_config(cfg)
+    graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
+    shard = state_shardings(params, mesh)
+    params = jax.device_put(params, shard)
+    opt = make_optimizer(cfg.optim, cfg.run.steps)
+    opt_state, opt_shard = init_opt_state(opt, params, mesh)
+    settings = loss_settings(cfg)
+    padded = CompiledSteps(graphdef, opt, settings, mesh, shard, opt_shard,
+                           cfg.algo.micro_batch_rows)
+    packed = PackedSteps(graphdef, opt, settings, mesh, shard, opt_shard,
+                         num_groups=plan.max_prompts, seqs=plan.max_rows,
+                         completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
+                         chunk_sizes=plan.pack_chunk_rows)
+    examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
+    prompt_lens = np.array([len(encode_prompt(tok, examples[i]["prompt"],
+                                              cfg.data.chat_template)) for i in range(1000)])
+    with open(args.trace) as f:
+        trace = [json.loads(x) for x in f if x.strip()]
+    batches = _batches(trace, plan, prompt_lens, mcfg.vocab_size, args.steps, 0)
+    lp = plan.prompt_buckets[-1]
+
+    print(f"load before compile {_load()}", flush=True)
+    t0 = time.perf_counter()
+    for sh in {(b["g"], b["n"]) for b in batches}:
+        rows = plan.prompts_per_g[sh[0]] * sh[0]
+        padded.warm_up(params, opt_state, rows, plan.prompts_per_g[sh[0]], lp, sh[1], False)
+    packed.warm_up(params, opt_state, False)
+    print(f"compiled in {time.perf_counter() - t0:.0f}s; load {_load()}", flush=True)
+
+    def run_padded(b):
+        nonlocal params, opt_state
+        a = {k: v[:, :lp + b["n"]] if k == "tokens" else v for k, v in b["arrays"].items()}
+        a["old_logprobs"] = a["old_logprobs"][:, :b["n"]]
+        a["ref_logprobs"] = a["ref_logprobs"][:, :b["n"]]
+        rows = len(a["lengths"])
+        bs = padded.batch_shardings(rows)
+        dev = {k: jax.device_put(a[k], bs[k]) for k in BATCH_FIELDS}
+        fn = padded.train_fn(rows, plan.prompts_per_g[b["g"]], lp, b["n"])
+        params, opt_state, m = fn(params, opt_state, dev)
+        jax.block_until_ready(m)
+
+    def run_packed(b):
+        nonlocal params, opt_state
+        chunks, seqs, pp = pack_batch(b["arrays"], lp, seqs=packed.seqs,
+                                      completion_len=packed.completion_len,
+                                      pack_len=packed.pack_len,
+                                      chunk_sizes=packed.chunk_sizes, pad_id=0)
+        params, opt_state, m = packed.update(params, opt_state, *packed.to_device(chunks, seqs))
+        jax.block_until_ready(m)
+        b["plan"] = pp
+
+    rows_out = []
+    for i, b in enumerate(batches):
+        ts = {"padded": [], "packed": []}
+        for r in range(args.repeats):
+            order = ("padded", "packed") if (i + r) % 2 == 0 else ("packed", "padded")
+            for name in order:
+                fn = run_padded if name == "padded" else run_packed
+                ts[name].append(_timed(lambda f=fn, b=b: f(b)))
+        a = b["arrays"]
+        plen = lp - a["prompt_pad"]
+        real = int((plen + a["lengths"] - 1)[a["lengths"] > 0].sum())
+        rows = len(a["lengths"])
+        rows_out.append({
+            "step": b["step"], "G": b["g"], "rows": rows, "n": b["n"], "real": real,
+            "util_padded": real / (rows * (lp + b["n"] - 1)), "util_packed": b["plan"].token_util,
+            "chunks": "+".join(map(str, b["plan"].chunks)),
+            "s_padded": min(ts["padded"]), "s_packed": min(ts["packed"])})
+        print(json.dumps(rows_out[-1]), flush=True)
+
+    gflops = matmul_gflops()
+    # forward vs forward+backward of the largest chunk (same inputs, steady state)
+    c = packed.chunk_sizes[0]
+    rng = np.random.default_rng(1)
+    chunk = {k: rng.integers(3, mcfg.vocab_size, (c, plan.pack_len)).astype(np.int32)
+             for k in ("tokens", "targets")}
+    chunk["positions"] = np.tile(np.arange(plan.pack_len, dtype=np.int32), (c, 1))
+    chunk["segment_ids"] = np.ones((c, plan.pack_len), np.int32)
+    _, seqs, _ = pack_batch(batches[0]["arrays"], lp, seqs=packed.seqs,
+                            completion_len=packed.completion_len, pack_len=plan.pack_len,
+                            chunk_sizes=packed.chunk_sizes, pad_id=0)
+    dc, ds = packed.to_device([chunk], seqs)
+    out = jnp.zeros((packed.seqs, packed.completion_len), jnp.float32)
+    packed._fn("logp", c)(params, out.copy(), dc[0], ds, packed._index[0]).block_until_ready()
+    fwd = min(_timed(lambda: packed._fn("logp", c)(params, out.copy(), dc[0], ds,
+                                                    packed._index[0]).block_until_ready())
+                  for _ in range(3))
+    acc = packed._fn("zeros")(params)
+
+    def grad_once():
+        nonlocal acc
+        acc = packed._fn("grad", c)(params, acc, dc[0], ds, packed._index[0])
+        jax.block_until_ready(acc)
+
+    grad_once()
+    both = min(_timed(grad_once) for _ in range(3))
+
+    n_params = mcfg.num_params()
+    tot = {k: sum(r[k] for r in rows_out) for k in ("real", "s_padded", "s_packed")}
+    ideal = 6 * n_params * tot["real"] / (gflops * 1e9)
+    print(f"\nload after {_load()}; params {n_params / 1e6:.2f}M; matmul {gflops:.1f} GFLOP/s")
+    print("\n| step | G | rows | bucket | real tokens | util padded | util packed | chunks |"
+          " padded s | packed s | speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    for r in rows_out:
+        print(f"| {r['step']} | {r['G']} | {r['rows']} | {r['n']} | {r['real']} | "
+              f"{r['util_padded']:.2f} | {r['util_packed']:.2f} | {r['chunks']} | "
+              f"{r['s_padded']:.2f} | {r['s_packed']:.2f} | {r['s_padded'] / r['s_packed']:.2f} |")
+    comp_pad = sum(r["real"] / r["util_padded"] for r in rows_out)
+    comp_pack = sum(r["real"] / r["util_packed"] for r in rows_out)
+    print(f"| all | | | | {tot['real']} | {tot['real'] / comp_pad:.2f} | "
+          f"{tot['real'] / comp_pack:.2f} | | {tot['s_padded']:.2f} | {tot['s_packed']:.2f} | "
+          f"{tot['s_padded'] / tot['s_packed']:.2f} |")
+    print(f"\nroofline: 6 x {n_params / 1e6:.2f}M params x {tot['real']} real tokens = "
+          f"{6 * n_params * tot['real'] / 1e9:.1f} GFLOP -> {ideal:.2f}s at {gflops:.1f} GFLOP/s; "
+          f"packed {tot['s_packed']:.2f}s = {ideal / tot['s_packed']:.0%} of the limit, "
+          f"padded {tot['s_padded']:.2f}s = {ideal / tot['s_padded']:.0%}")
+    print(f"one {c}-row chunk ({c * plan.pack_len} slots): forward {fwd * 1e3:.0f} ms, "
+          f"forward+backward {both * 1e3:.0f} ms (backward = {(both - fwd) / fwd:.1f}x forward)")
+
+
+if __name__ == "__main__":
+    main()

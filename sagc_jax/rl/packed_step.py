@@ -1,0 +1,160 @@
+"""The GRPO update on packed sequences: exact, with static shapes whatever the batch holds.
+
+An update runs the plan's chunks (`rl.packing`) one compiled call each, accumulating gradients,
+then applies the optimizer once. Per-sequence arrays (`SEQ_FIELDS`, [S, ...] with S the largest
+batch of the run, padded with invalid rows) are the same on every call; chunk i's loss masks in
+its own sequences only (`chunk == i`). Every aggregation divides sums by full-batch normalisers
+(see `rl.losses`), so the accumulated loss and gradient equal the unpacked step's exactly (up to
+float summation order): packing changes where a token sits, never the loss.
+
+Compiled shapes: one grad step and one log-prob step per chunk size, one apply step — none
+depends on G, the prompt bucket or the completion lengths. `train.packed.PackedSteps` jits them
+over the mesh and runs the host loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from sagc_jax.rl.advantages import frac_reward_zero_std, group_advantages, scored_rows
+from sagc_jax.rl.losses import (
+    METRICS,
+    LossNorms,
+    entropy_threshold,
+    loss_norms,
+    policy_loss,
+    token_logprobs_and_entropy,
+)
+from sagc_jax.rl.packing import unpack
+from sagc_jax.rl.train_step import LossSettings
+
+# Per-sequence arrays [S, ...] (name -> rank); `chunk`, `row`, `start` come from the PackPlan.
+# `entropy` [S, N] is filled by an entropy pass only for `top_entropy_quantile < 1` (the
+# threshold is a full-batch quantile, so it must be known before any chunk's gradient).
+SEQ_FIELDS = {
+    "lengths": 1, "loss_rows": 1, "old_logprobs": 2, "ref_logprobs": 2, "rewards": 1,
+    "group_ids": 1, "valid": 1, "chunk": 1, "row": 1, "start": 1, "entropy": 2,
+}
+SEQ_FLOAT = ("old_logprobs", "ref_logprobs", "rewards", "entropy")
+SEQ_BOOL = ("loss_rows", "valid")
+# Packed arrays of one chunk, int32 [chunk rows, pack_len].
+CHUNK_FIELDS = ("tokens", "targets", "positions", "segment_ids")
+SUM_METRICS = ("loss", *METRICS)
+
+
+def packed_logprobs(graphdef: nnx.GraphDef, params: Any, chunk: dict[str, jax.Array],
+                    temperature: float, entropy: bool = False
+                    ) -> tuple[jax.Array, jax.Array | None]:
+    """(log-prob, entropy or None) [rows, L] of each slot's target under
+    softmax(logits / temperature)."""
+    model = nnx.merge(graphdef, params)
+    logits = model(chunk["tokens"], positions=chunk["positions"],
+                   segment_ids=chunk["segment_ids"])
+    return token_logprobs_and_entropy(logits, chunk["targets"], temperature, entropy=entropy)
+
+
+def _scored_mask_and_norms(seqs: dict[str, jax.Array]
+                           ) -> tuple[jax.Array, jax.Array, LossNorms]:
+    """(scored rows [S], full-batch loss mask [S, N], its normalisers), as the unpacked step:
+    rows with a NaN reward (unscored) are out of the loss and of the Dr. GRPO row count."""
+    n = seqs["old_logprobs"].shape[1]
+    scored = scored_rows(seqs["rewards"], seqs["valid"])
+    rows = seqs["loss_rows"] & scored
+    mask = (jnp.arange(n)[None, :] < seqs["lengths"][:, None]) & rows[:, None]
+    return scored, mask, loss_norms(mask, scored.sum())
+
+
+def _advantages(seqs: dict[str, jax.Array], settings: LossSettings, num_groups: int) -> jax.Array:
+    return group_advantages(seqs["rewards"], seqs["group_ids"], seqs["valid"],
+                            num_groups=num_groups, scale=settings.scale_rewards,
+                            eps=settings.adv_eps, ddof=settings.std_ddof)
+
+
+def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
+                   num_groups: int) -> Callable:
+    """`grad_step(params, acc, chunk, seqs, index) -> acc`: adds chunk `index`'s loss gradient
+    and summed metrics to `acc = (grads, sums)` (not jitted; `num_groups` is static)."""
+    s = settings
+    mask_entropy = s.top_entropy_quantile < 1.0
+
+    def grad_step(params, acc, chunk, seqs, index):
+        adv = _advantages(seqs, s, num_groups)
+        _, full, norms = _scored_mask_and_norms(seqs)
+        mask = full & (seqs["chunk"] == index)[:, None]
+        n = mask.shape[1]
+        ent_min = (entropy_threshold(seqs["entropy"], full, s.top_entropy_quantile)
+                   if mask_entropy else None)
+
+        def loss_fn(p):
+            logp, ent = packed_logprobs(graphdef, p, chunk, s.temperature, entropy=True)
+            logp = unpack(logp, seqs["row"], seqs["start"], n)
+            ent = unpack(ent, seqs["row"], seqs["start"], n)
+            return policy_loss(
+                logp, seqs["old_logprobs"], adv, mask, epsilon=s.epsilon,
+                epsilon_high=s.epsilon_high, clip_delta=s.clip_delta,
+                importance_sampling=s.importance_sampling, loss_agg=s.loss_agg,
+                ref_logprobs=seqs["ref_logprobs"] if s.beta > 0 else None, beta=s.beta,
+                kl_estimator=s.kl_estimator, kl_bias_correction=s.kl_bias_correction,
+                entropy=ent, entropy_min=ent_min, norms=norms, max_tokens=s.max_tokens)
+
+        (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        grads, sums = acc
+        m = {**m, "loss": loss}
+        return (jax.tree.map(jnp.add, grads, g),
+                {k: sums[k] + m[k] for k in SUM_METRICS})
+
+    return grad_step
+
+
+def make_apply_step(optimizer: optax.GradientTransformation, settings: LossSettings, *,
+                    num_groups: int) -> Callable:
+    """`apply(params, opt_state, acc, seqs) -> (params, opt_state, metrics)`: one optimizer
+    update from the accumulated gradient; a non-finite loss or gradient leaves params and
+    optimizer state unchanged and reports `finite = 0` (as the unpacked step)."""
+
+    def apply(params, opt_state, acc, seqs):
+        grads, sums = acc
+        grad_norm = optax.tree.norm(grads)
+        updates, new_opt = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        adv = _advantages(seqs, settings, num_groups)
+        scored, _, norms = _scored_mask_and_norms(seqs)
+        w = scored.astype(jnp.float32)
+        metrics = {**sums, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32),
+                   "adv_abs_mean": (jnp.abs(adv) * w).sum() / jnp.maximum(w.sum(), 1.0),
+                   "frac_reward_zero_std": frac_reward_zero_std(
+                       seqs["rewards"], seqs["group_ids"], seqs["valid"],
+                       num_groups=num_groups, ddof=settings.std_ddof),
+                   "loss_tokens": norms.tokens}
+        return keep(new_params, params), keep(new_opt, opt_state), metrics
+
+    return apply
+
+
+def make_logprob_step(graphdef: nnx.GraphDef, temperature: float,
+                      entropy: bool = False) -> Callable:
+    """`step(params, out, chunk, seqs, index) -> out`: writes the completion log-probs [S, N]
+    (old / reference passes), or with `entropy` the token entropies (nats), of chunk `index`'s
+    sequences into `out`."""
+
+    def step(params, out, chunk, seqs, index):
+        logp, ent = packed_logprobs(graphdef, params, chunk, temperature, entropy=entropy)
+        x = unpack(ent if entropy else logp, seqs["row"], seqs["start"], out.shape[1])
+        return jnp.where((seqs["chunk"] == index)[:, None], x, out)
+
+    return step
+
+
+def zero_acc(params: Any) -> tuple[Any, dict[str, jax.Array]]:
+    """An empty accumulator (zero grads like params, zero metric sums)."""
+    return (jax.tree.map(jnp.zeros_like, params),
+            {k: jnp.zeros((), jnp.float32) for k in SUM_METRICS})
+
