@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 
 import pytest
@@ -213,10 +212,10 @@ def test_empty_yaml_and_null_section(tmp_path: pathlib.Path) -> None:
 
 def test_validate_after_replace() -> None:
     cfg = Config()
-    bad = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=-1.0))
+    bad = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": -1.0})})
     with pytest.raises(ConfigError, match=r"^optim\.lr: must be > 0, got -1\.0$"):
         bad.validate()
-    bad = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, epsilon_high=0.0 + 0.1))
+    bad = cfg.model_copy(update={"algo": cfg.algo.model_copy(update={"epsilon_high": 0.1})})
     with pytest.raises(ConfigError, match=r"^algo\.epsilon_high: must be >="):
         bad.validate()
 
@@ -262,40 +261,62 @@ def test_config_keys() -> None:
 def test_mesh_shape() -> None:
     mesh = Config().mesh
     assert mesh.shape(4) == (4, 1, 1)
-    fsdp2 = dataclasses.replace(mesh, fsdp=2)
+    fsdp2 = mesh.model_copy(update={"fsdp": 2})
     assert fsdp2.shape(4) == (2, 2, 1)
     with pytest.raises(ConfigError, match="must divide"):
         fsdp2.shape(3)
     with pytest.raises(ConfigError, match="must equal"):
-        dataclasses.replace(mesh, data=2).shape(4)
+        mesh.model_copy(update={"data": 2}).shape(4)
 
 
-def test_generic_section_validate_and_post_init() -> None:
-    """Sections we do not own: their validate()/__post_init__ ValueErrors become ConfigError."""
-    from sagc_jax.config import _build
+def test_sections_built_directly_raise_one_line_errors() -> None:
+    """Every section is checked on construction too, naming its own dotted key."""
+    from sagc_jax.config import OptimConfig, SAGCConfig
 
-    @dataclasses.dataclass(frozen=True)
-    class Foreign:
-        n: int = 1
-        xs: tuple[float, ...] = (1.0,)
-        mode: str | None = None
-
-        def __post_init__(self) -> None:
-            if self.n == 99:
-                raise ValueError("n must not be 99")
-
-        def validate(self) -> None:
-            if self.n == 2:
-                raise ValueError("n must not be 2")
-
-    assert _build(Foreign, {"xs": [1, 2]}, "foreign.") == Foreign(1, (1.0, 2.0))
-    for data, msg in [
-        ({"n": 2}, "foreign: n must not be 2"),
-        ({"n": 99}, "foreign: n must not be 99"),
-        ({"xs": [1, "a"]}, "foreign.xs[1]: expected float, got 'a'"),
-        ({"mode": 3}, "foreign.mode: expected str or None, got 3"),
-        ({"m": 3}, "unknown key 'foreign.m'"),
+    assert OptimConfig(lr=1) == OptimConfig(lr=1.0)
+    for build, msg in [
+        (lambda: OptimConfig(lr=0), "optim.lr: must be > 0, got 0.0"),
+        (lambda: OptimConfig(lrr=1e-3), "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
+        (lambda: RewardSpec(weight=2.0), "rewards[*].name: required"),
+        (lambda: RewardSpec(" "), "rewards[*].name: must be a non-empty string"),
+        (lambda: SAGCConfig(tau=0.5), "sagc.tau: must be >= 1, got 0.5"),
+        (lambda: SAGCConfig(pass_threshold=float("nan")),
+         "sagc.pass_threshold: must be a finite number, got nan"),
     ]:
         with pytest.raises(ConfigError) as exc:
-            _build(Foreign, data, "foreign.")
+            build()
+        assert str(exc.value) == msg
+
+
+def test_sections_are_frozen_and_hashable() -> None:
+    cfg = Config()
+    with pytest.raises(ValueError):
+        cfg.run.steps = 3  # type: ignore[misc]
+    assert hash(cfg) == hash(Config()) and len({cfg, Config(), cfg.model_copy()}) == 1
+    assert hash(cfg.sagc) != hash(cfg.sagc.model_copy(update={"delta": 0.2}))
+
+
+def test_sagc_section_declared_once() -> None:
+    """The trainer's ``sagc:`` section and the simulator's are the controller's own class, with
+    its defaults (docs/sagc.md), and a bad sagc key is named the same way by both."""
+    from sagc_jax.sagc import SAGCConfig
+    from sagc_jax.sagc.controller import SAGCConfig as ControllerSAGC
+    from sagc_jax.sagc.simulate import parse_sim_config
+
+    sim = parse_sim_config({"seed": 0})
+    assert type(Config().sagc) is SAGCConfig is ControllerSAGC
+    assert sim.sagc == Config().sagc == SAGCConfig()
+    s = SAGCConfig()
+    assert (s.half_life, s.risk, s.warmup_steps, s.tau) == (25.0, "q90", 4, 2.0)
+    assert parse_sim_config({"seed": 7}).sagc.seed == 7  # the simulator's seed seeds SAGC
+    for bad, msg in [
+        ({"detla": 0.5}, "unknown key 'sagc.detla' (did you mean 'sagc.delta'?)"),
+        ({"tau": 0.5}, "sagc.tau: must be >= 1, got 0.5"),
+        ({"half_life": "x"}, "sagc.half_life: expected float, got 'x'"),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            config_from_dict({"sagc": bad})
+        assert str(exc.value) == msg
+        with pytest.raises(ConfigError) as exc:
+            parse_sim_config({"sagc": bad})
         assert str(exc.value) == msg

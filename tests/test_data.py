@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import os
 import pathlib
@@ -345,8 +344,10 @@ def test_load_examples_from_config():
     from sagc_jax import config as config_mod
 
     cfg = config_mod.Config()
-    cfg_data = dataclasses.replace(cfg.data, task_min_steps=2, task_max_steps=4, num_eval=30)
-    cfg = dataclasses.replace(cfg, data=cfg_data)
+    cfg_data = cfg.data.model_copy(
+        update={"task_min_steps": 2, "task_max_steps": 4, "num_eval": 30}
+    )
+    cfg = cfg.model_copy(update={"data": cfg_data})
     ev = load_examples(cfg.data, "eval")
     assert len(ev) == 30 and {e["num_steps"] for e in ev} <= {2, 3, 4}
     train = load_examples(cfg, "train")

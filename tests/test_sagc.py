@@ -3,7 +3,6 @@ of the counterfactual risk, the Beta quantile and the config/state plumbing."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
@@ -144,7 +143,7 @@ def test_long_run_straggler_rate_within_delta_when_feasible():
         sim,
         {
             "static-16": StaticPolicy(
-                dataclasses.replace(sim.sagc, enabled=False, initial_group_size=16)
+                sim.sagc.model_copy(update={"enabled": False, "initial_group_size": 16})
             ),
             "sagc": SAGCPolicy(sim.sagc),
         },
@@ -255,7 +254,7 @@ def test_static_policy_metrics_and_factory():
     )
     m = pol.observe(obs)
     assert m["straggler_rate"] == 1.0  # group 0: 50 > 2*10; group 1: truncated
-    m2 = make_policy(dataclasses.replace(cfg, count_truncated=False)).observe(obs)
+    m2 = make_policy(cfg.model_copy(update={"count_truncated": False})).observe(obs)
     assert m2["straggler_rate"] == 0.5
 
 

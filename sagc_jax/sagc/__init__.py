@@ -1,15 +1,14 @@
 """Straggler-Aware Group Control: the controller (pure state + update functions) and the
 offline simulator. See docs/sagc.md."""
 
+from sagc_jax.sagc.config import SAGCConfig
 from sagc_jax.sagc.controller import (
     REASONS,
     Observation,
-    SAGCConfig,
     SAGCPolicy,
     State,
     StaticPolicy,
     choose,
-    config_from_dict,
     counterfactual_risk,
     hypergeom_none,
     init_state,
@@ -32,7 +31,6 @@ __all__ = [
     "State",
     "StaticPolicy",
     "choose",
-    "config_from_dict",
     "counterfactual_risk",
     "hypergeom_none",
     "init_state",

@@ -6,7 +6,7 @@ Every random draw comes from ``numpy.random.default_rng((seed, step, salt))``, s
 deterministic function of (config, state, observations).
 
 Public pieces:
-  * ``SAGCConfig`` — the ``sagc:`` config section (frozen dataclass, ``validate()``).
+  * ``SAGCConfig`` — the ``sagc:`` config section (declared in ``sagc_jax.sagc.config``).
   * ``Observation`` — what one training step saw (lengths/truncated/rewards per row, timings).
   * ``init_state`` / ``observe`` / ``choose`` / ``record_choice`` — pure functions.
   * ``SAGCPolicy`` / ``StaticPolicy`` / ``make_policy`` — stateful wrappers for the trainer.
@@ -15,17 +15,14 @@ Public pieces:
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sagc_jax.sagc.betaq import beta_quantile
+from sagc_jax.sagc.config import SAGCConfig, risk_level
 
 State = dict[str, np.ndarray]
 
@@ -37,132 +34,6 @@ _SALT_OBSERVE = 0x5A6C
 # --------------------------------------------------------------------------------------------
 # Config
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SAGCConfig:
-    """The ``sagc:`` config section. Defaults are justified in docs/sagc.md."""
-
-    enabled: bool = True
-    group_sizes: tuple[int, ...] = (4, 8, 12, 16)
-    initial_group_size: int = 8
-    tau: float = 2.0  # straggler if max L > tau * median L within a group
-    count_truncated: bool = True  # any member truncated at max_new_tokens is a straggler event
-    delta: float = 0.1  # long-run straggler-rate budget
-    V: float = 1.0  # weight of normalised benefit/cost J(g) against Q * risk(g)
-    half_life: float = 25.0  # steps; exponential forgetting of risk/pass-rate statistics
-    risk: str = "q90"  # "mean" or an upper posterior quantile "qNN" (50 < NN < 100)
-    max_rung_step: int = 1  # max index change of G per step; 0 = unlimited
-    warmup_steps: int = 4  # steps held at initial_group_size before deciding
-    batch_policy: str = "prompts"  # "prompts": B fixed; "rollouts": B = rollouts_per_step // g
-    rollouts_per_step: int | None = None
-    seed: int = 0
-    # --- additions (see docs/sagc.md) ---
-    hard_filter: bool = True  # only g with risk(g) <= delta are eligible (queue still applies)
-    share_budget: bool = True  # the rung above the largest feasible one is eligible too
-    pass_threshold: float = 0.5  # reward > threshold counts as a pass for the benefit model
-    cost_ema: float = 0.3  # EMA weight of a new per-shape timing measurement
-    length_half_life: float = 25.0  # steps; forgetting of the per-row truncation rate that
-    #   feeds cost and risk above G_t (longer = less noise on rare loops, slower recovery)
-    window_rows: int = 2048  # ring buffer of recent untruncated per-row length / group median
-    window_groups: int = 256  # ring buffer of recent per-group median lengths
-    mc_samples: int = 64  # Monte-Carlo subsets / bootstrap draws per group and candidate
-    prior_a: float = 0.5  # Beta prior on each candidate's risk (Jeffreys)
-    prior_b: float = 0.5
-    # Where the per-shape step cost comes from. "measured": wall-clock of each rollout (true to
-    # the hardware, but G then depends on timing noise, so two runs of one seed can diverge).
-    # "model": seconds from the linear model below (deterministic: exact resume and replay).
-    timing: str = "measured"
-    model_decode_a: float = 0.02  # s per decode step, independent of rows (weight reads)
-    model_decode_b: float = 2.5e-5  # s per row per decode step
-    model_prefill_a: float = 0.05  # s per prefill call
-    model_prefill_b: float = 2.0e-4  # s per prefill row
-
-    def __post_init__(self) -> None:
-        # YAML gives lists; keep the dataclass hashable and comparisons exact.
-        if isinstance(self.group_sizes, list):
-            object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
-
-    def validate(self) -> SAGCConfig:
-        """Raise ``ValueError("sagc.<field>: must be <allowed>, got <value>")`` on the first bad
-        field (the wording config.py uses)."""
-
-        def bad(field: str, allowed: str) -> None:
-            v = getattr(self, field)
-            v = list(v) if isinstance(v, tuple) else v
-            raise ValueError(f"sagc.{field}: must be {allowed}, got {v!r}")
-
-        gs = self.group_sizes
-        if (
-            not isinstance(gs, tuple)
-            or not gs
-            or not all(isinstance(g, int) and not isinstance(g, bool) for g in gs)
-        ):
-            bad("group_sizes", "a non-empty list of integers")
-        if any(b <= a for a, b in itertools.pairwise(gs)):
-            bad("group_sizes", "strictly increasing")
-        if gs[0] < 2:
-            bad("group_sizes", ">= 2 (a group needs two rollouts to compare)")
-        if self.initial_group_size not in gs:
-            bad("initial_group_size", f"one of sagc.group_sizes {list(gs)}")
-        if not (isinstance(self.tau, int | float) and self.tau >= 1.0):
-            bad("tau", ">= 1")
-        if not (isinstance(self.delta, int | float) and 0.0 < self.delta < 1.0):
-            bad("delta", "in (0, 1)")
-        if not (isinstance(self.V, int | float) and self.V >= 0.0):
-            bad("V", ">= 0")
-        if not (isinstance(self.half_life, int | float) and self.half_life > 0):
-            bad("half_life", "> 0 (steps)")
-        if not (isinstance(self.length_half_life, int | float) and self.length_half_life > 0):
-            bad("length_half_life", "> 0 (steps)")
-        try:
-            risk_level(self.risk)
-        except ValueError:
-            bad("risk", "'mean' or an upper quantile like 'q90' / 'q95' (50 < q < 100)")
-        if not (isinstance(self.max_rung_step, int) and self.max_rung_step >= 0):
-            bad("max_rung_step", "an integer >= 0 (0 = unlimited)")
-        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
-            bad("warmup_steps", "an integer >= 0")
-        if self.batch_policy not in ("prompts", "rollouts"):
-            bad("batch_policy", "one of 'prompts', 'rollouts'")
-        if self.batch_policy == "rollouts":
-            n = self.rollouts_per_step
-            if not isinstance(n, int) or n <= 0:
-                bad("rollouts_per_step", "a positive integer when batch_policy is 'rollouts'")
-            if any(n % g for g in gs):
-                bad("rollouts_per_step", f"divisible by every group size {list(gs)}")
-        if not isinstance(self.seed, int):
-            bad("seed", "an integer")
-        if self.timing not in ("measured", "model"):
-            bad("timing", "one of 'measured', 'model'")
-        for f in ("model_decode_a", "model_decode_b", "model_prefill_a", "model_prefill_b"):
-            if not (isinstance(getattr(self, f), int | float) and getattr(self, f) >= 0):
-                bad(f, ">= 0 (seconds)")
-        if not (0.0 < self.cost_ema <= 1.0):
-            bad("cost_ema", "in (0, 1]")
-        if not (
-            isinstance(self.pass_threshold, int | float) and math.isfinite(self.pass_threshold)
-        ):
-            bad("pass_threshold", "a finite number")
-        if not (isinstance(self.window_rows, int) and self.window_rows >= 4 * max(gs)):
-            bad("window_rows", f"an integer >= 4 * max(group_sizes) = {4 * max(gs)}")
-        if not (isinstance(self.window_groups, int) and self.window_groups >= 4):
-            bad("window_groups", "an integer >= 4")
-        if not (isinstance(self.mc_samples, int) and self.mc_samples >= 1):
-            bad("mc_samples", "an integer >= 1")
-        if not (self.prior_a > 0 and self.prior_b > 0):
-            bad("prior_a" if self.prior_a <= 0 else "prior_b", "> 0")
-        return self
-
-
-def risk_level(risk: str) -> float | None:
-    """``"mean"`` -> None; ``"q90"`` -> 0.90. Raises ValueError otherwise."""
-    if risk == "mean":
-        return None
-    m = re.fullmatch(r"q(\d+(?:\.\d+)?)", str(risk))
-    if not m or not 50.0 < float(m.group(1)) < 100.0:
-        raise ValueError(f"bad risk {risk!r}")
-    return float(m.group(1)) / 100.0
 
 
 def prompts_for(cfg: SAGCConfig, g: int, prompts_per_step: int) -> int:
@@ -701,16 +572,3 @@ class StaticPolicy:
 def make_policy(cfg: SAGCConfig) -> SAGCPolicy | StaticPolicy:
     """SAGCPolicy when ``cfg.enabled`` else StaticPolicy."""
     return SAGCPolicy(cfg) if cfg.enabled else StaticPolicy(cfg)
-
-
-def config_from_dict(d: dict[str, Any] | None, base: SAGCConfig | None = None) -> SAGCConfig:
-    """Build + validate an SAGCConfig from a mapping; unknown keys raise ``sagc.<key>`` errors."""
-    base = base or SAGCConfig()
-    names = {f.name for f in dataclasses.fields(SAGCConfig)}
-    d = dict(d or {})
-    for key in d:
-        if key not in names:
-            raise ValueError(f"sagc.{key}: unknown key (allowed: {', '.join(sorted(names))})")
-    if isinstance(d.get("group_sizes"), Sequence) and not isinstance(d["group_sizes"], str):
-        d["group_sizes"] = tuple(d["group_sizes"])
-    return dataclasses.replace(base, **d).validate()

@@ -14,7 +14,6 @@ event (the controller's definition).
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import itertools
 import json
@@ -25,16 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from sagc_jax.sagc.controller import (
-    Observation,
-    SAGCConfig,
-    SAGCPolicy,
-    StaticPolicy,
-    config_from_dict,
-    prompts_for,
-)
+from sagc_jax.config import apply_overrides, read_yaml
+from sagc_jax.config.errors import ConfigError
+from sagc_jax.sagc.config import SAGCConfig
+from sagc_jax.sagc.controller import Observation, SAGCPolicy, StaticPolicy, prompts_for
 from sagc_jax.sagc.timing import TimeModel, time_model_from_dict
 from sagc_jax.sagc.workload import (
     StepDraw,
@@ -84,26 +78,6 @@ class SimConfig:
 # --------------------------------------------------------------------------------------------
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed with yaml.safe_load) to a nested dict."""
-    raw = copy.deepcopy(raw)
-    for ov in overrides:
-        if "=" not in ov:
-            raise ValueError(f"override {ov!r}: expected key=value")
-        key, _, val = ov.partition("=")
-        parts = key.strip().split(".")
-        node = raw
-        for i, p in enumerate(parts[:-1]):
-            nxt = node.get(p)
-            if nxt is None:
-                nxt = node[p] = {}
-            if not isinstance(nxt, dict):
-                raise ValueError(f"{'.'.join(parts[: i + 1])}: not a mapping, cannot set {key}")
-            node = nxt
-        node[parts[-1]] = yaml.safe_load(val)
-    return raw
-
-
 def _int(v: Any, name: str, lo: int) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
         raise ValueError(f"{name}: an integer >= {lo}, got {v!r}")
@@ -126,7 +100,7 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
     sagc_raw = raw.get("sagc") or {}
     if not isinstance(sagc_raw, dict):
         raise ValueError(f"sagc: a mapping, got {sagc_raw!r}")
-    sagc = config_from_dict(sagc_raw, SAGCConfig(seed=seed))
+    sagc = SAGCConfig.from_dict({"seed": seed, **sagc_raw})
 
     wl = raw.get("workload") or {}
     if not isinstance(wl, dict):
@@ -181,11 +155,9 @@ def load_sim_config(path: str | Path, overrides: list[str] | None = None) -> Sim
     """Read YAML, apply overrides, validate."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except OSError as e:
-        raise ValueError(f"--config: cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"--config: invalid YAML in {path}: {str(e).splitlines()[0]}") from None
+        raw = read_yaml(path)
+    except ConfigError as e:
+        raise ConfigError(f"--config: {e}") from None
     return parse_sim_config(apply_overrides(raw, overrides or []), path.parent)
 
 
@@ -227,9 +199,9 @@ def make_policies(sagc: SAGCConfig) -> dict[str, SAGCPolicy | StaticPolicy]:
     pols: dict[str, SAGCPolicy | StaticPolicy] = {}
     for g in sagc.group_sizes:
         pols[f"static-{g}"] = StaticPolicy(
-            dataclasses.replace(sagc, enabled=False, initial_group_size=g)
+            sagc.model_copy(update={"enabled": False, "initial_group_size": g})
         )
-    pols["sagc"] = SAGCPolicy(dataclasses.replace(sagc, enabled=True))
+    pols["sagc"] = SAGCPolicy(sagc.model_copy(update={"enabled": True}))
     return pols
 
 
@@ -306,7 +278,7 @@ def simulate(sim: SimConfig) -> dict[str, Any]:
         "steps": sim.steps,
         "sagc_config": {
             k: (list(v) if isinstance(v, tuple) else v)
-            for k, v in dataclasses.asdict(sim.sagc).items()
+            for k, v in sim.sagc.model_dump().items()
         },
         "_trajectories": traj,
     }

@@ -1,0 +1,199 @@
+"""YAML files and ``key=value`` overrides -> a validated :class:`~sagc_jax.config.schema.Config`.
+
+Usage::
+
+    cfg = load_config("configs/tiny_cpu.yaml", ["sagc.group_sizes=[4,8]", "optim.lr=3e-5"])
+
+YAML values (from files and overrides) are parsed with a ``yaml.SafeLoader`` subclass that also
+reads exponent floats without a dot (``3e-5``) as floats, as YAML 1.2 does; PyYAML alone would
+read them as strings. The simulator (``sagc-jax simulate``) reads its files with the same
+:func:`read_yaml` and :func:`apply_overrides`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from sagc_jax.config.errors import ConfigError, fmt
+from sagc_jax.config.schema import Config
+
+__all__ = [
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+    "read_yaml",
+    "save_config",
+    "yaml_load",
+]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-4`` / ``3E5`` (no dot) as floats, like YAML 1.2."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse YAML text (safe; ``3e-5`` is a float)."""
+    return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A YAML file's top-level mapping (empty file = ``{}``); one-line ConfigError otherwise."""
+    name = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {name!r}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {name!r}: {e.strerror}") from None
+    try:
+        data = yaml_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{name}: invalid YAML ({' '.join(str(e).split())})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{name}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    return dict(data)
+
+
+def _merge(base: Any, new: Any) -> Any:
+    """Deep-merge mappings; ``None`` over a section keeps the section; otherwise replace."""
+    if isinstance(base, Mapping) and new is None:
+        return base
+    if isinstance(base, Mapping) and isinstance(new, Mapping):
+        out = dict(base)
+        for k, v in new.items():
+            out[k] = _merge(out[k], v) if k in out else v
+        return out
+    return new
+
+
+_PATH_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+
+
+def _parse_path(key: str) -> list[str | int]:
+    parts: list[str | int] = []
+    for piece in key.split("."):
+        m = _PATH_PART.match(piece)
+        if not m:
+            raise ConfigError(
+                f"bad override key {key!r}: expected a dotted path like "
+                f"'sagc.delta' or 'rewards[0].weight'"
+            )
+        parts.append(m.group(1))
+        parts.extend(int(i) for i in re.findall(r"\[(\d+)\]", m.group(2)))
+    return parts
+
+
+def _copy(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return dict(v)
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    return v
+
+
+def _set(root: dict[str, Any], key: str, path: list[str | int], value: Any) -> None:
+    """Set ``path`` in nested dict/list ``root`` (copying containers on the way down)."""
+    cur: Any = root
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        where = key if last else ".".join(str(p) for p in path[: i + 1])
+        if isinstance(part, int):
+            if not isinstance(cur, list):
+                raise ConfigError(f"{where}: not a list, cannot index it")
+            if part > len(cur):
+                raise ConfigError(
+                    f"{key}: index {part} out of range (list has "
+                    f"{len(cur)} items; use index {len(cur)} to append)"
+                )
+            if part == len(cur):
+                cur.append({} if not last else None)
+        elif not isinstance(cur, dict):
+            raise ConfigError(f"{key}: {where.rsplit('.', 1)[0]!r} is not a section")
+        if last:
+            cur[part] = _merge(cur[part] if isinstance(part, int) else cur.get(part), value)
+            return
+        nxt = cur[part] if isinstance(part, int) else cur.get(part)
+        if nxt is None:
+            nxt = {} if isinstance(path[i + 1], str) else []
+        cur[part] = _copy(nxt)
+        cur = cur[part]
+
+
+def apply_overrides(d: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of nested dict ``d`` with ``key=value`` overrides applied.
+
+    Values are YAML (``sagc.group_sizes=[4,8]``, ``model.path=null``); mapping values are
+    merged into existing sections. List items are addressed as ``rewards[0].weight``.
+    """
+    root: dict[str, Any] = _merge({}, d)
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"bad override {ov!r}: expected key=value")
+        key, raw = ov.split("=", 1)
+        key = key.strip()
+        try:
+            value = yaml_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(
+                f"{key}: cannot parse value {raw!r} as YAML ({' '.join(str(e).split())})"
+            ) from None
+        _set(root, key, _parse_path(key), value)
+    return root
+
+
+def config_from_dict(d: Mapping[str, Any]) -> Config:
+    """Validate a nested dict (missing keys take defaults) and build a :class:`Config`."""
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"config: expected a mapping at the top level, got {fmt(d)}")
+    return Config.from_dict(d)
+
+
+def config_to_dict(cfg: Any) -> Any:
+    """Plain nested dict/list/scalar form of a config (tuples become lists), YAML-safe."""
+    if isinstance(cfg, BaseModel):
+        return {name: config_to_dict(getattr(cfg, name)) for name in type(cfg).model_fields}
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, (list, tuple)):
+        return [config_to_dict(v) for v in cfg]
+    if isinstance(cfg, Mapping):
+        return {k: config_to_dict(v) for k, v in cfg.items()}
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (``None`` = all defaults), apply ``key=value`` overrides, validate."""
+    data = read_yaml(path) if path is not None else {}
+    merged = _merge(config_to_dict(Config()), data)
+    if overrides:
+        merged = apply_overrides(merged, list(overrides))
+    return config_from_dict(merged)
+
+
+def save_config(cfg: Config, path: str | os.PathLike[str]) -> None:
+    """Write the resolved config as YAML; :func:`load_config` reads it back to an equal Config."""
+    parent = os.path.dirname(os.fspath(path))
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(config_to_dict(cfg), fh, sort_keys=False, default_flow_style=None)

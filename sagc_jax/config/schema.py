@@ -1,0 +1,395 @@
+"""The config schema: every section declared once, with defaults, docs and rules.
+
+The ``sagc:`` section is :class:`sagc_jax.sagc.config.SAGCConfig` (declared next to the
+controller it configures). Rules that involve one section live on it (``model_validator``);
+:class:`Config` holds only the rules that span sections. See :mod:`sagc_jax.config.load` for YAML
+and ``key=value`` overrides.
+"""
+
+from __future__ import annotations
+
+import itertools
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge
+from pydantic import AfterValidator, Field, model_validator
+
+from sagc_jax.config.base import Bool, Float, Int, Section, Str, field, rule_error
+from sagc_jax.config.errors import ConfigError, fmt
+from sagc_jax.sagc.config import SAGCConfig
+
+__all__ = [
+    "AlgoConfig",
+    "CheckpointConfig",
+    "Config",
+    "DataConfig",
+    "DistributedConfig",
+    "InitConfig",
+    "MeshConfig",
+    "ModelSection",
+    "OptimConfig",
+    "RewardSpec",
+    "RunConfig",
+    "SAGCConfig",
+    "SamplingSection",
+]
+
+PosInt = Annotated[Int, Ge(1)]
+
+
+def check_increasing(field_name: str, values: tuple[int, ...]) -> None:
+    """Raise a rule error unless ``values`` is non-empty and strictly increasing."""
+    if not values:
+        raise rule_error(field_name, "must not be empty")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise rule_error(field_name, f"must be strictly increasing, got {fmt(values)}")
+
+
+class RunConfig(Section):
+    """Run bookkeeping: output directory, length, logging, resuming."""
+
+    section_key = "run"
+    dir: Str = field("runs/tiny", "Output directory (config.yaml, metrics.jsonl, checkpoints).")
+    steps: Int = field(200, "Number of GRPO training steps.", ge=1)
+    seed: Int = field(0, "Global seed (params init, data order, sampling keys).")
+    resume: Literal["auto", "never", "required"] = field(
+        "auto",
+        "auto: resume if a checkpoint exists in run.dir; never: start fresh; "
+        "required: fail without a checkpoint.",
+    )
+    log_every: Int = field(1, "Print/log a metrics line every N steps.", ge=1)
+    progress: Bool = field(True, "Show progress bars (compile warm-up, training).")
+    eval_every: Int = field(0, "Evaluate every N steps; 0 = off.", ge=0)
+    plots: Bool = field(True, "Write PNG plots of the run.")
+
+
+class ModelSection(Section):
+    """Policy model (``model:``). With ``path`` set the architecture comes from the HF config
+    there; otherwise :func:`sagc_jax.models.config.from_run_section` builds a ``ModelConfig``."""
+
+    section_key = "model"
+    path: Str | None = field(
+        None, "HF model directory (config.json + safetensors); None = fresh random model."
+    )
+    tokenizer: Str | None = field(
+        None, "HF tokenizer directory; None = built-in tokenizer shipped with the package."
+    )
+    model_type: Literal["llama", "qwen2"] = field("llama", "Model family (fresh models only).")
+    hidden_size: Int = field(128, "Residual width.", ge=1)
+    intermediate_size: Int = field(384, "SwiGLU MLP width.", ge=1)
+    num_layers: Int = field(4, "Number of transformer blocks.", ge=1)
+    num_heads: Int = field(4, "Query heads.", ge=1)
+    num_kv_heads: Int = field(2, "Key/value heads (GQA); must divide num_heads.", ge=1)
+    head_dim: Int | None = field(None, "Per-head width; None = hidden_size // num_heads.", ge=1)
+    rope_theta: Float = field(10000.0, "RoPE base frequency.", gt=0)
+    max_position_embeddings: Int = field(
+        512, "Maximum sequence length (prompt + completion).", ge=1
+    )
+    tie_word_embeddings: Bool = field(True, "Share input embedding and LM head.")
+    attention_bias: Bool = field(False, "Bias on q/k/v projections (Qwen2 style).")
+    dtype: Literal["float32", "bfloat16"] = field(
+        "float32", "Compute/param dtype for the policy and sampler."
+    )
+    remat: Bool = field(False, "Rematerialise transformer blocks in the backward pass.")
+
+    @model_validator(mode="after")
+    def _heads(self) -> ModelSection:
+        if self.path is None:
+            if self.num_heads % self.num_kv_heads:
+                raise rule_error(
+                    "num_kv_heads",
+                    f"must divide model.num_heads ({self.num_heads}), got {self.num_kv_heads}",
+                )
+            if self.head_dim is None and self.hidden_size % self.num_heads:
+                raise rule_error(
+                    "hidden_size",
+                    f"must be divisible by model.num_heads ({self.num_heads}) when "
+                    f"model.head_dim is null, got {self.hidden_size}",
+                )
+        return self
+
+
+class DataConfig(Section):
+    """Prompt source: a built-in task or a JSONL/Parquet file."""
+
+    section_key = "data"
+    task: Str | None = field("arith", "Built-in task name; set to null when train_file is given.")
+    train_file: Str | None = field(None, "JSONL or Parquet training prompts.")
+    eval_file: Str | None = field(None, "JSONL or Parquet evaluation prompts.")
+    prompt_column: Str = field("prompt", "Column holding the prompt text.")
+    answer_column: Str = field("answer", "Column holding the reference answer.")
+    prompts_per_step: Int = field(8, "Distinct prompts per step (each gets G rollouts).", ge=1)
+    shuffle: Bool = field(True, "Shuffle prompts each epoch.")
+    num_epochs: Int | None = field(None, "Passes over the data; None = repeat forever.", ge=1)
+    chat_template: Bool = field(False, "Wrap prompts with the tokenizer's chat template.")
+    num_eval: Int = field(200, "Held-out examples generated for a built-in task.", ge=0)
+    task_min_steps: Int = field(1, "Built-in task: minimum reasoning steps per problem.", ge=1)
+    task_max_steps: Int = field(12, "Built-in task: maximum reasoning steps per problem.", ge=1)
+    worker_count: Int = field(0, "grain worker processes; 0 = in-process.", ge=0)
+    shards: Int | None = field(
+        None,
+        "Virtual data shards (a multiple of the process count; prompts_per_step must divide by "
+        "it); None = one per process. Fixing it makes the prompt order independent of how many "
+        "processes run.",
+        ge=1,
+    )
+
+    @model_validator(mode="after")
+    def _source(self) -> DataConfig:
+        if self.task is not None and self.train_file is not None:
+            raise rule_error(
+                "train_file",
+                f"set data.task=null when using a train file "
+                f"(got task={self.task!r}, train_file={self.train_file!r})",
+            )
+        if self.task is None and self.train_file is None:
+            raise rule_error("task", "exactly one of data.task and data.train_file must be set")
+        if self.task_min_steps > self.task_max_steps:
+            raise rule_error(
+                "task_min_steps",
+                f"must be <= data.task_max_steps ({self.task_max_steps}), "
+                f"got {self.task_min_steps}",
+            )
+        return self
+
+
+class SamplingSection(Section):
+    """Rollout generation and its compiled shape set (``sampling:``)."""
+
+    section_key = "sampling"
+    max_new_tokens: Int = field(128, "Maximum completion tokens per row.", ge=1)
+    temperature: Float = field(1.0, "Sampling temperature.", gt=0)
+    top_k: Int | None = field(None, "Keep the k most likely tokens; None = off.", ge=1)
+    top_p: Float | None = field(None, "Nucleus sampling mass; None = off.", gt=0, le=1)
+    prompt_buckets: tuple[PosInt, ...] = field(
+        (32, 64, 128), "Prompt lengths (tokens) prompts are padded up to; strictly increasing."
+    )
+    cache_buckets: tuple[PosInt, ...] | None = field(
+        None, "KV-cache lengths; None = derived from prompt_buckets + max_new_tokens."
+    )
+    decode_chunk: Int = field(16, "Decode tokens per chunk inside the while loop.", ge=1)
+    prompt_too_long: Literal["error", "truncate"] = field(
+        "error", "What to do with a prompt longer than the largest bucket."
+    )
+
+    @model_validator(mode="after")
+    def _buckets(self) -> SamplingSection:
+        check_increasing("prompt_buckets", self.prompt_buckets)
+        if self.cache_buckets is not None:
+            check_increasing("cache_buckets", self.cache_buckets)
+            need = self.prompt_buckets[-1] + self.max_new_tokens
+            if self.cache_buckets[-1] < need:
+                raise rule_error(
+                    "cache_buckets",
+                    f"largest must be >= largest prompt bucket + max_new_tokens ({need}), "
+                    f"got {self.cache_buckets[-1]}",
+                )
+        return self
+
+
+class AlgoConfig(Section):
+    """GRPO / DAPO / Dr. GRPO objective."""
+
+    section_key = "algo"
+    beta: Float = field(0.0, "KL weight; 0 = no reference model.", ge=0)
+    kl_estimator: Literal["k1", "k3"] = field("k3", "KL estimator (Schulman's k1 or k3).")
+    epsilon: Float = field(0.2, "Lower PPO clip range (ratio >= 1 - epsilon).", gt=0, lt=1)
+    epsilon_high: Float = field(
+        0.28, "Upper clip range (ratio <= 1 + epsilon_high); DAPO clip-higher.", gt=0
+    )
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = field(
+        "token-mean", "How per-token losses are aggregated."
+    )
+    num_iterations: Int = field(1, "Optimisation passes (mu) per batch of rollouts.", ge=1)
+    advantage: Literal["grpo", "dr_grpo"] = field(
+        "grpo", "grpo: (r - mean) / (std + eps); dr_grpo: r - mean."
+    )
+    adv_eps: Float = field(1e-6, "Epsilon added to the group std.", gt=0)
+    micro_batch_rows: Int | None = field(
+        None, "Rows per gradient-accumulation micro-batch; None = whole batch.", ge=1
+    )
+    dynamic_sampling: Bool = field(False, "DAPO: drop groups whose rewards are all equal.")
+    dynamic_sampling_rounds: Int = field(
+        0, "Extra sampling rounds to refill dropped groups (0 = none).", ge=0
+    )
+    overlong_buffer: Int = field(
+        0, "DAPO soft overlong punishment window (tokens before the limit); 0 = off.", ge=0
+    )
+    overlong_penalty: Float = field(1.0, "Maximum overlong penalty (reached at the limit).", ge=0)
+    mask_truncated: Bool = field(False, "Exclude truncated completions from the loss.")
+
+    @model_validator(mode="after")
+    def _clip(self) -> AlgoConfig:
+        if self.epsilon_high < self.epsilon:
+            raise rule_error(
+                "epsilon_high", f"must be >= algo.epsilon ({self.epsilon}), got {self.epsilon_high}"
+            )
+        return self
+
+
+class OptimConfig(Section):
+    """AdamW with warm-up and cosine/constant schedule."""
+
+    section_key = "optim"
+    lr: Float = field(1e-4, "Peak learning rate.", gt=0)
+    warmup_steps: Int = field(10, "Linear warm-up steps.", ge=0)
+    schedule: Literal["cosine", "constant"] = field("cosine", "Decay after warm-up.")
+    min_lr_ratio: Float = field(0.1, "Final lr as a fraction of peak (cosine).", ge=0, le=1)
+    weight_decay: Float = field(0.0, "Decoupled weight decay.", ge=0)
+    b1: Float = field(0.9, "Adam beta1.", ge=0, lt=1)
+    b2: Float = field(0.99, "Adam beta2.", ge=0, lt=1)
+    eps: Float = field(1e-8, "Adam epsilon.", gt=0)
+    max_grad_norm: Float = field(1.0, "Global-norm gradient clipping; 0 = off.", ge=0)
+
+
+class InitConfig(Section):
+    """Optional supervised warm start before RL (built-in tasks)."""
+
+    section_key = "init"
+    sft_steps: Int = field(0, "SFT steps before GRPO; 0 = none.", ge=0)
+    sft_lr: Float = field(1e-3, "SFT learning rate.", gt=0)
+    sft_batch_size: Int = field(32, "SFT examples per step.", ge=1)
+    sft_format_noise: Float = field(
+        0.0,
+        "Fraction of SFT solutions whose answer line is written 'answer: N' instead of "
+        "'#### N' (which the exact_answer reward needs): GRPO then has a format habit to fix.",
+        ge=0,
+        lt=1,
+    )
+    params: Str | None = field(
+        None,
+        "Orbax params dir to start from instead of the SFT warm start (e.g. another run's "
+        "checkpoints/initial): comparisons then share one warm start.",
+    )
+
+
+class RewardSpec(Section):
+    """One reward function by registered name, with its weight in the total reward."""
+
+    section_key = "rewards[*]"
+    positional = ("name", "weight")
+    name: Str = field(doc="Registered reward function name.")
+    weight: Float = field(1.0, "Weight in the summed reward.")
+
+    @model_validator(mode="after")
+    def _name(self) -> RewardSpec:
+        if not self.name.strip():
+            raise rule_error("name", "must be a non-empty string")
+        return self
+
+
+def _data_size(v: int) -> int:
+    if v != -1 and v < 1:
+        raise rule_error("", f"must be -1 or >= 1, got {v}")
+    return v
+
+
+class MeshConfig(Section):
+    """Device mesh with axes ('data', 'fsdp', 'tensor')."""
+
+    section_key = "mesh"
+    data: Annotated[Int, AfterValidator(_data_size)] = field(
+        -1, "Data-parallel size; -1 = all remaining devices."
+    )
+    fsdp: Int = field(1, "Fully-sharded data-parallel size.", ge=1)
+    tensor: Int = field(1, "Tensor-parallel size.", ge=1)
+
+    def shape(self, num_devices: int) -> tuple[int, int, int]:
+        """Resolve ``data=-1`` and check ``data * fsdp * tensor == num_devices``."""
+        rest = self.fsdp * self.tensor
+        if self.data == -1:
+            if num_devices % rest:
+                raise ConfigError(
+                    f"mesh: fsdp * tensor = {rest} must divide the {num_devices} devices"
+                )
+            return (num_devices // rest, self.fsdp, self.tensor)
+        if self.data * rest != num_devices:
+            raise ConfigError(
+                f"mesh: data * fsdp * tensor = {self.data * rest} must equal the "
+                f"{num_devices} devices (use mesh.data=-1 to fill)"
+            )
+        return (self.data, self.fsdp, self.tensor)
+
+
+class CheckpointConfig(Section):
+    """Orbax checkpointing."""
+
+    section_key = "checkpoint"
+    every: Int = field(50, "Save every N steps; 0 = only at the end.", ge=0)
+    keep: Int = field(3, "Checkpoints to keep.", ge=1)
+    async_save: Bool = field(True, "Save in the background.")
+
+
+class DistributedConfig(Section):
+    """Multi-host ``jax.distributed`` initialisation."""
+
+    section_key = "distributed"
+    initialize: Literal["auto", "always", "never"] = field(
+        "auto", "auto: initialise when a cluster environment is detected."
+    )
+    coordinator_address: Str | None = field(None, "host:port of process 0; None = auto-detect.")
+    num_processes: Int | None = field(None, "Total processes; None = auto-detect.", ge=1)
+    process_id: Int | None = field(None, "This process's index; None = auto-detect.", ge=0)
+
+    @model_validator(mode="after")
+    def _ids(self) -> DistributedConfig:
+        n, i = self.num_processes, self.process_id
+        if i is not None and n is not None and i >= n:
+            raise rule_error(
+                "process_id", f"must be < distributed.num_processes ({n}), got {i}"
+            )
+        return self
+
+
+class Config(Section):
+    """The whole configuration. Build with :func:`load_config` or :func:`config_from_dict`."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataConfig = Field(default_factory=DataConfig)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    sagc: SAGCConfig = Field(default_factory=SAGCConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    init: InitConfig = Field(default_factory=InitConfig)
+    rewards: tuple[RewardSpec, ...] = field(
+        (RewardSpec("exact_answer", 1.0),), "Reward functions summed with weights."
+    )
+    reward_on_error: Literal["raise", "zero"] = field(
+        "raise", "When a reward function raises: re-raise, or score the row 0."
+    )
+    mesh: MeshConfig = Field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_sections(cls, data: Any) -> Any:
+        """``sagc: null`` (an empty YAML section) means the section's defaults."""
+        if isinstance(data, Mapping):
+            return {
+                k: {} if v is None and k in _SECTIONS else v for k, v in data.items()
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> Config:
+        """Rules that involve more than one section."""
+        a, s = self.algo, self.sampling
+        if a.overlong_buffer >= s.max_new_tokens:
+            raise rule_error(
+                "algo.overlong_buffer",
+                f"must be < sampling.max_new_tokens ({s.max_new_tokens}), got {a.overlong_buffer}",
+            )
+        if not self.rewards:
+            raise rule_error("rewards", "must list at least one reward")
+        return self
+
+
+_SECTIONS = frozenset(
+    name
+    for name, f in Config.model_fields.items()
+    if typing.get_origin(f.annotation) is None and issubclass(f.annotation, Section)
+)
