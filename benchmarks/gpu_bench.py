@@ -50,8 +50,9 @@ sys.path.insert(0, str(ROOT))
 from sagc_jax.models import ModelConfig, Transformer  # noqa: E402
 from sagc_jax.models.sharding import replicated, state_shardings  # noqa: E402
 from sagc_jax.parallel import make_mesh  # noqa: E402
-from sagc_jax.rl.train_step import CompiledSteps, LossSettings  # noqa: E402
+from sagc_jax.rl.train_step import LossSettings  # noqa: E402
 from sagc_jax.sampling import Sampler, SamplingConfig  # noqa: E402
+from sagc_jax.train.learner import CompiledSteps  # noqa: E402
 
 # device kind substring -> (bf16 dense FLOP/s, HBM bytes/s)
 PEAKS: dict[str, tuple[float, float]] = {
@@ -211,7 +212,7 @@ def run_sagc(*, steps: int, smoke: bool, run_dir: str) -> dict[str, Any]:
     """A few GRPO+SAGC steps of configs/tiny_cpu.yaml with measured timings."""
     from sagc_jax.config import load_config
     from sagc_jax.metrics import read_jsonl
-    from sagc_jax.trainer import Trainer
+    from sagc_jax.train import train
 
     overrides = [f"run.dir={run_dir}", f"run.steps={steps}", "run.progress=false",
                  "run.plots=false", "run.eval_every=0", "checkpoint.every=0",
@@ -227,8 +228,7 @@ def run_sagc(*, steps: int, smoke: bool, run_dir: str) -> dict[str, Any]:
         overrides += ["init.sft_steps=200", "model.dtype=bfloat16"]
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", overrides)
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, progress=False)
-    trainer.train()
+    train(cfg, progress=False)
     rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     return {"steps": len(rows), "wall_s": time.perf_counter() - t0,
             "group_sizes": [r["group_size"] for r in rows],

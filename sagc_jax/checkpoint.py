@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,18 @@ from flax import nnx
 
 from sagc_jax.models.config import ModelConfig
 
+logger = logging.getLogger(__name__)
+
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint exists but belongs to an incompatible configuration."""
 
 
 @dataclasses.dataclass
-class TrainState:
+class Snapshot:
+    """Everything a checkpoint step holds (the live `train.state.TrainState` plus the SAGC
+    state and the data position)."""
+
     step: int
     params: Any  # nnx.State of the model
     opt_state: Any
@@ -77,11 +83,26 @@ def restore_params(path: str | Path, template: Any) -> Any:
     path = Path(path).absolute()
     if not path.exists():
         raise FileNotFoundError(f"init.params: {path} does not exist")
-    with ocp.StandardCheckpointer() as c:
-        pure = c.restore(path, _abstract(_pure(template)))
+    pure = restore_pure_params(path, _abstract(_pure(template)))
     out = jax.tree.map(lambda x: x, template)
     nnx.replace_by_pure_dict(out, pure)
     return out
+
+
+def restore_pure_params(path: str | Path, target: Any, step: int | None = None) -> Any:
+    """Pure-dict params placed as `target` (ShapeDtypeStructs with shardings): from an
+    `initial`-style directory (`step=None`) or the `params` item of CheckpointManager step
+    `step` in directory `path` (the optimizer state and the rest are not read)."""
+    if step is None:
+        with ocp.StandardCheckpointer() as c:
+            return c.restore(Path(path).absolute(), target)
+    mngr = ocp.CheckpointManager(Path(path).absolute(),
+                                 options=ocp.CheckpointManagerOptions(create=False))
+    try:
+        got = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
+    finally:
+        mngr.close()
+    return got["params"]
 
 
 class RunCheckpointer:
@@ -121,7 +142,7 @@ class RunCheckpointer:
                           f" a checkpoint needs about {min_free_bytes / 2**20:.0f} MiB")
 
     # -------------------------------------------------------------- save
-    def save(self, step: int, state: TrainState, *, force: bool = False) -> bool:
+    def save(self, step: int, state: Snapshot, *, force: bool = False) -> bool:
         if not force and (self.every == 0 or step % self.every):
             return False
         if step in self.manager.all_steps():
@@ -155,6 +176,13 @@ class RunCheckpointer:
         if self._mngr is not None:
             self._mngr.wait_until_finished()
 
+    def close(self) -> None:
+        """Waits for pending saves and releases the manager (its threads and files)."""
+        if self._mngr is not None:
+            self._mngr.wait_until_finished()
+            self._mngr.close()
+            self._mngr = None
+
     def latest_step(self) -> int | None:
         if not self.directory.exists():
             return None
@@ -174,7 +202,7 @@ class RunCheckpointer:
                 f"checkpoints in {self.directory} were written for a different model ({what}); "
                 "use another run.dir or the original model config")
 
-    def restore_latest(self, template: TrainState, model_cfg: ModelConfig) -> TrainState | None:
+    def restore_latest(self, template: Snapshot, model_cfg: ModelConfig) -> Snapshot | None:
         """Newest restorable checkpoint, falling back past damaged ones; None if there is none."""
         if self.latest_step() is None:
             return None
@@ -185,12 +213,12 @@ class RunCheckpointer:
             except CheckpointMismatchError:
                 raise
             except Exception as e:
-                print(f"[sagc-jax] checkpoint step {step} in {self.directory} is unreadable "
-                      f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                      "falling back to the previous one", flush=True)
+                logger.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back "
+                               "to the previous one", step, self.directory, type(e).__name__,
+                               str(e).splitlines()[0][:200])
         raise FileNotFoundError(f"no checkpoint in {self.directory} could be restored")
 
-    def _restore(self, step: int, template: TrainState) -> TrainState:
+    def _restore(self, step: int, template: Snapshot) -> Snapshot:
         pure_t = _pure(template.params)
         flat_opt = _flat(template.opt_state)
         sagc_t = {k: np.asarray(v) for k, v in template.sagc.items()}
@@ -217,5 +245,5 @@ class RunCheckpointer:
         opt_state = jax.tree.unflatten(treedef, [got["opt_state"][str(i)]
                                                  for i in range(len(flat_opt))])
         sagc = {k: np.asarray(v) for k, v in got["sagc"].items()}
-        return TrainState(step=step, params=params, opt_state=opt_state, sagc=sagc,
+        return Snapshot(step=step, params=params, opt_state=opt_state, sagc=sagc,
                           data_iter=template.data_iter)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from sagc_jax import __version__
@@ -44,11 +45,10 @@ def _train(argv: list[str]) -> int:
         if jax.process_index() == 0:
             print(format_report(report))
         return 0 if report["ok"] else 1
-    from sagc_jax.trainer import Trainer, TrainingError
+    from sagc_jax.train import TrainingError, train
 
     try:
-        trainer = Trainer(cfg)
-        row = trainer.train()
+        row = train(cfg)
     except (TrainingError, ValueError, FileNotFoundError, FileExistsError, OSError) as e:
         print(f"sagc-jax train: error: {e}", file=sys.stderr)
         return 1
@@ -104,7 +104,7 @@ def _eval(argv: list[str]) -> int:
         load_policy,
         resolve_checkpoint,
     )
-    from sagc_jax.rl.rewards import RewardFn
+    from sagc_jax.rl.rewards import RewardFn, build_reward_fns
 
     try:
         # Cheap checks of both paths before any model is loaded.
@@ -117,7 +117,7 @@ def _eval(argv: list[str]) -> int:
         if args.reward:
             reward_fns = [RewardFn.from_name(r) for r in args.reward]
         elif cfg is not None:
-            reward_fns = [RewardFn.from_name(r.name, r.weight) for r in cfg.rewards]
+            reward_fns = build_reward_fns(cfg.rewards)
         else:  # a bare HF model: the task's verifier, or exact-answer matching for a file
             reward_fns = [RewardFn.from_name(get_task(task).default_reward if task
                                              else "exact_answer")]
@@ -176,9 +176,95 @@ def _export(argv: list[str]) -> int:
 
 
 def _compare(argv: list[str]) -> int:
-    from sagc_jax.compare import compare_main
+    from sagc_jax.experiments.policies import DEFAULT_POLICIES
 
-    return compare_main(argv)
+    p = argparse.ArgumentParser(
+        prog="sagc-jax compare",
+        description="Train SAGC and static-G policies on the same config, seeds and step budget, "
+                    "evaluate each final checkpoint, and write results.md/json and plots.")
+    p.add_argument("--config", required=True, help="base YAML config (e.g. "
+                   "configs/compare_cpu.yaml)")
+    p.add_argument("--out-dir", default="runs/compare", help="output directory (default "
+                   "runs/compare); runs go to <out>/<policy>-s<seed>")
+    p.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
+    p.add_argument("--policies", default=DEFAULT_POLICIES,
+                   help=f"static-<G> and/or sagc, comma-separated (default {DEFAULT_POLICIES})")
+    p.add_argument("--target", default="auto", help="training-reward target for "
+                   "time-to-target, or 'auto' (80%% of the way from the initial to the best "
+                   "final reward; default)")
+    p.add_argument("--window", type=int, default=10, help="moving-average window in steps for "
+                   "the target crossing and plots (default 10)")
+    p.add_argument("--num-samples", type=int, default=0, help="eval: k samples per prompt for "
+                   "pass@k (default 0 = greedy accuracy only)")
+    p.add_argument("--eval-limit", type=int, help="eval: only the first N held-out problems")
+    p.add_argument("--eval-batch", type=int, default=50, help="eval: prompts per sampler call")
+    p.add_argument("--no-share-sft", action="store_true",
+                   help="run the SFT warm start in every run instead of once per seed")
+    p.add_argument("--summarize-only", action="store_true",
+                   help="do not train: evaluate and summarise the existing run directories")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="overrides applied to every run, e.g. run.steps=40")
+    args = p.parse_args(argv)
+    err = "sagc-jax compare: error:"
+    from sagc_jax.experiments.policies import parse_policies, parse_seeds
+
+    try:
+        seeds = parse_seeds(args.seeds)
+        policies = parse_policies(args.policies)
+        target = None if args.target == "auto" else float(args.target)
+        if args.window < 1 or args.num_samples < 0 or args.eval_batch < 1 or (
+                args.eval_limit is not None and args.eval_limit < 1):
+            raise ValueError("--window, --eval-batch and --eval-limit must be >= 1 and "
+                             "--num-samples >= 0")
+    except ValueError as e:
+        print(f"{err} {e}", file=sys.stderr)
+        return 2
+    from sagc_jax.config import ConfigError
+    from sagc_jax.experiments import run_comparison
+
+    try:
+        run_comparison(args.config, args.out_dir, seeds=seeds, policies=policies,
+                       overrides=args.overrides, target=target, window=args.window,
+                       num_samples=args.num_samples, eval_limit=args.eval_limit,
+                       eval_batch=args.eval_batch, train=not args.summarize_only,
+                       share_sft=not args.no_share_sft)
+    except ConfigError as e:
+        print(f"{err} config: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, RuntimeError) as e:  # incl. TrainingError
+        print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def dry_run_main(argv: list[str] | None = None) -> int:
+    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]``."""
+    p = argparse.ArgumentParser(
+        prog="python -m sagc_jax.dryrun",
+        description="Dry run: validate a config against a mesh and estimate per-device memory, "
+                    "with no weights.")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--num-devices", type=int, help="target device count (default: this machine)")
+    p.add_argument("--num-processes", type=int, help="target host count")
+    p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    args = p.parse_intermixed_args(argv)
+    import json
+
+    from sagc_jax.config import ConfigError, load_config
+    from sagc_jax.dryrun import DryRunError, dry_run, format_report
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
+        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
+                         device_memory_bytes=mem)
+    except (ConfigError, DryRunError) as e:
+        print(f"dry run: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
 
 
 COMMANDS = {
@@ -190,8 +276,33 @@ COMMANDS = {
 }
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Library messages (`logging`, INFO and up) on the current `sys.stdout`, looked up at each
+    message so redirected or captured output gets them too."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def setup_logging() -> None:
+    """`[sagc-jax] message` lines on stdout for the package's loggers (once per process)."""
+    log = logging.getLogger("sagc_jax")
+    if not any(isinstance(h, _StdoutHandler) for h in log.handlers):
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("[sagc-jax] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging()
     usage = "usage: sagc-jax [--version] {" + ",".join(COMMANDS) + "} [--help] ..."
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)

@@ -25,8 +25,6 @@ Sampling and the update do not overlap, so peak = static + max(sampler peak, tra
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
@@ -39,10 +37,12 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
-from sagc_jax.models import ModelConfig, Transformer, from_hf_dict
-from sagc_jax.models.config import from_run_section
+from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.build import model_config
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
+from sagc_jax.sampling.buckets import cache_bucket_for
+from sagc_jax.train.plan import ShapePlan
 
 __all__ = ["DryRunError", "dry_run", "format_report", "main", "model_config_for"]
 
@@ -76,10 +76,9 @@ def _tokenizer_check(path: str | None) -> tuple[str, int | None]:
 
 
 def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelConfig, str]:
-    """The architecture the trainer would build, and where it came from.
-
-    ``model.path``: its ``config.json`` only (no weights). Fresh model: the ``model.*`` fields with
-    ``vocab_size`` (the tokenizer's length, which the caller supplies).
+    """The architecture the trainer would build (`models.build.model_config`), and where it
+    came from. ``model.path``: its ``config.json`` only (no weights). Fresh model: the
+    ``model.*`` fields with ``vocab_size`` (the tokenizer's length, which the caller supplies).
     """
     m = cfg.model
     if m.path is not None:
@@ -88,21 +87,13 @@ def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelC
             raise DryRunError(f"model.path: no config.json in {m.path!r} (only config.json is "
                               "read by a dry run; override with model.path=DIR)")
         try:
-            with open(cfg_file, encoding="utf-8") as fh:
-                hf = json.load(fh)
-            mcfg = from_hf_dict(hf, dtype=m.dtype)
+            return model_config(cfg, vocab_size), f"hf config {cfg_file}"
         except (OSError, ValueError) as e:
             raise DryRunError(f"model.path: {cfg_file}: {e}") from None
-        return ModelConfig(**{**_asdict(mcfg), "remat": m.remat}), f"hf config {cfg_file}"
     if vocab_size is None:
         raise DryRunError("model.tokenizer: needed for the vocabulary size of a fresh model, "
                           f"but {m.tokenizer!r} does not exist here")
-    mcfg = from_run_section(m, vocab_size)
-    return mcfg, "fresh (model.* fields)"
-
-
-def _asdict(mcfg: ModelConfig) -> dict[str, Any]:
-    return {f: getattr(mcfg, f) for f in mcfg.__dataclass_fields__}
+    return model_config(cfg, vocab_size), "fresh (model.* fields)"
 
 
 def _abstract_params(mcfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
@@ -144,16 +135,6 @@ def _param_bytes_per_device(params: dict[str, jax.ShapeDtypeStruct], mesh: Abstr
         if any(w is not None and mesh.shape[w] > 1 and s is None for w, s in zip(wanted, spec)):
             replicated.append(path)
     return total, replicated
-
-
-def _completion_buckets(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
-    """The trainer's train-step completion lengths (``trainer.completion_buckets``)."""
-    try:
-        from sagc_jax.trainer import completion_buckets
-    except ImportError:  # pragma: no cover - keep the dry run usable while trainer.py changes
-        half = -(-(max_new_tokens // 2) // chunk) * chunk
-        return tuple(sorted({min(half, max_new_tokens), max_new_tokens}))
-    return tuple(completion_buckets(max_new_tokens, chunk))
 
 
 def _activation_bytes(mcfg: ModelConfig, rows: int, seq: int, dt_bytes: int) -> int:
@@ -262,66 +243,14 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     memory["static"] = sum(memory.values())
 
     # ---- compiled shapes -------------------------------------------------------------------
-    from sagc_jax.sagc.controller import prompts_for
-
-    s, a = cfg.sampling, cfg.algo
-    prompts: dict[int, int] = {}
-    for g in cfg.sagc.group_sizes:
-        try:
-            prompts[g] = prompts_for(cfg.sagc, g, cfg.data.prompts_per_step)
-        except ValueError as e:
-            errors.append(str(e))
-    if not prompts:
-        raise DryRunError("; ".join(errors) or "no group sizes")
+    plan, plan_errors = _plan(cfg, batch_ways, num_processes)
+    errors += plan_errors
+    plan_err, plan_warn = plan.problems()
+    errors += plan_err
+    warnings += plan_warn
     kv_tok = mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2 * dt_bytes
-    sampler_shapes, train_shapes = [], []
-    multi = num_processes > 1
-    for g, p in prompts.items():
-        rows = p * g
-        split = rows % batch_ways == 0
-        if not split:
-            msg = (f"rows {rows} (= {p} prompts x G {g}) do not divide data x fsdp = "
-                   f"{batch_ways}")
-            if multi:
-                errors.append(msg + ": host-local batches cannot form the global batch")
-            else:
-                warnings.append(msg + ": the batch is replicated (correct, not data-parallel)")
-        data_shards = cfg.data.shards or num_processes
-        if data_shards % num_processes:
-            errors.append(f"data.shards {data_shards} is not a multiple of the "
-                          f"{num_processes} processes")
-        elif p % data_shards:
-            errors.append(f"prompts {p} at G {g} do not divide data.shards = {data_shards} "
-                          "(each shard contributes whole groups of its own prompts)")
-        shards = batch_ways if split else 1
-        for lp in s.prompt_buckets:
-            cache = _cache_bucket(lp, s.max_new_tokens, s.cache_buckets)
-            kv = math.ceil(rows / shards) * cache * kv_tok
-            sampler_shapes.append({"group_size": g, "prompts": p, "rows": rows,
-                                   "prompt_bucket": lp, "cache_bucket": cache,
-                                   "rows_per_device": math.ceil(rows / shards),
-                                   "kv_cache_bytes": kv,
-                                   "decode_logits_bytes": math.ceil(rows / shards)
-                                   * mcfg.vocab_size * 4})
-        mb = a.micro_batch_rows if a.micro_batch_rows is not None and a.micro_batch_rows < rows \
-            else rows
-        if rows % mb:
-            errors.append(f"algo.micro_batch_rows: {mb} must divide the batch rows {rows} "
-                          f"(prompts {p} x G {g})")
-        elif split and mb % batch_ways:
-            warnings.append(f"algo.micro_batch_rows: {mb} does not divide data x fsdp = "
-                            f"{batch_ways}: micro-batches are resharded every step")
-        mb_dev = math.ceil(mb / shards)
-        vocab_ways = tensor if mcfg.vocab_size % tensor == 0 else 1
-        for lp in s.prompt_buckets:
-            for n in _completion_buckets(s.max_new_tokens, s.decode_chunk):
-                seq = lp + n
-                train_shapes.append({
-                    "group_size": g, "prompts": p, "rows": rows, "micro_batch_rows": mb,
-                    "micro_batches": rows // mb if rows % mb == 0 else None,
-                    "prompt_bucket": lp, "completion_bucket": n, "seq_len": seq,
-                    "logits_bytes": mb_dev * seq * mcfg.vocab_size * 4 // vocab_ways,
-                    "activation_bytes": _activation_bytes(mcfg, mb_dev, seq, dt_bytes)})
+    sampler_shapes = _sampler_shapes(plan, mcfg, kv_tok)
+    train_shapes = _train_shapes(plan, mcfg, tensor, dt_bytes)
     longest = max(x["cache_bucket"] for x in sampler_shapes)
     if longest > mcfg.max_position_embeddings:
         warnings.append(f"cache bucket {longest} exceeds max_position_embeddings "
@@ -337,6 +266,7 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     if device_memory_bytes is not None and memory["peak"] > device_memory_bytes:
         warnings.append(f"estimated peak {memory['peak'] / 2**30:.1f} GiB per device exceeds "
                         f"the {device_memory_bytes / 2**30:.1f} GiB available")
+    a = cfg.algo
     n_prog = len(sampler_shapes) * 2 + len(train_shapes) * (
         1 + (a.beta > 0 or a.num_iterations > 1))
     return {
@@ -356,15 +286,63 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     }
 
 
-def _cache_bucket(lp: int, max_new: int, buckets: Sequence[int] | None) -> int:
-    need = lp + max_new
-    if buckets is None:
-        return need
-    for b in buckets:
-        if b >= need:
-            return int(b)
-    raise DryRunError(f"sampling.cache_buckets: no bucket >= {need} (prompt bucket {lp} + "
-                      f"max_new_tokens {max_new})")
+def _plan(cfg: Config, batch_ways: int, num_processes: int) -> tuple[ShapePlan, list[str]]:
+    """The run's ShapePlan over the rungs whose prompt count is valid, and the others' errors."""
+    from sagc_jax.sagc import prompts_for
+
+    errors, ok = [], []
+    for g in cfg.sagc.group_sizes:
+        try:
+            prompts_for(cfg.sagc, g, cfg.data.prompts_per_step)
+            ok.append(g)
+        except ValueError as e:
+            errors.append(str(e))
+    if not ok:
+        raise DryRunError("; ".join(errors) or "no group sizes")
+    return ShapePlan.from_config(cfg, batch_ways=batch_ways, num_processes=num_processes,
+                                 group_sizes=tuple(ok)), errors
+
+
+def _row_shards(plan: ShapePlan, rows: int) -> int:
+    return plan.batch_ways if plan.rows_split(rows) else 1
+
+
+def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig, kv_tok: int) -> list[dict[str, Any]]:
+    """Every (G, prompt bucket) sampler program with its per-device KV cache and logits bytes."""
+    out = []
+    for g, p in plan.prompts_per_g.items():
+        rows = p * g
+        per_dev = math.ceil(rows / _row_shards(plan, rows))
+        for lp in plan.prompt_buckets:
+            try:
+                cache = cache_bucket_for(lp, plan)
+            except ValueError as e:
+                raise DryRunError(f"sampling.cache_buckets: {e}") from None
+            out.append({"group_size": g, "prompts": p, "rows": rows, "prompt_bucket": lp,
+                        "cache_bucket": cache, "rows_per_device": per_dev,
+                        "kv_cache_bytes": per_dev * cache * kv_tok,
+                        "decode_logits_bytes": per_dev * mcfg.vocab_size * 4})
+    return out
+
+
+def _train_shapes(plan: ShapePlan, mcfg: ModelConfig, tensor: int,
+                  dt_bytes: int) -> list[dict[str, Any]]:
+    """Every train-step program with its per-device logits and activation bytes."""
+    out = []
+    vocab_ways = tensor if mcfg.vocab_size % tensor == 0 else 1
+    for s in plan.train_shapes():
+        rows = s.rows
+        mb = plan.micro_batch_rows if plan.micro_batch_rows is not None and \
+            plan.micro_batch_rows < rows else rows
+        mb_dev = math.ceil(mb / _row_shards(plan, rows))
+        seq = s.prompt_bucket + s.completion_bucket
+        out.append({
+            "group_size": s.group_size, "prompts": s.prompts, "rows": rows,
+            "micro_batch_rows": mb, "micro_batches": rows // mb if rows % mb == 0 else None,
+            "prompt_bucket": s.prompt_bucket, "completion_bucket": s.completion_bucket,
+            "seq_len": seq, "logits_bytes": mb_dev * seq * mcfg.vocab_size * 4 // vocab_ways,
+            "activation_bytes": _activation_bytes(mcfg, mb_dev, seq, dt_bytes)})
+    return out
 
 
 def _local_device_memory() -> int | None:
@@ -422,28 +400,11 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]``."""
-    p = argparse.ArgumentParser(prog="python -m sagc_jax.dryrun", description=__doc__.split(
-        "\n")[0])
-    p.add_argument("--config", help="YAML config file")
-    p.add_argument("--num-devices", type=int, help="target device count (default: this machine)")
-    p.add_argument("--num-processes", type=int, help="target host count")
-    p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-    args = p.parse_intermixed_args(argv)
-    from sagc_jax.config import load_config
+    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]`` (arguments
+    and exit codes live in `sagc_jax.cli`)."""
+    from sagc_jax.cli import dry_run_main
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
-        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
-                         device_memory_bytes=mem)
-    except (ConfigError, DryRunError) as e:
-        print(f"dry run: error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=1) if args.json else format_report(report))
-    return 0 if report["ok"] else 1
+    return dry_run_main(argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ G=1 greedy for accuracy and G=k sampled for pass@k (unbiased estimator of Chen e
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -29,15 +28,14 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from sagc_jax.config import Config, load_config
-from sagc_jax.data.tokenizer import decode_completion, encode_prompt, load_tokenizer
-from sagc_jax.models import Transformer, from_hf_dict, from_pretrained
+from sagc_jax.data.tokenizer import decode_completion, encode_prompt, load_tokenizer, stop_ids
+from sagc_jax.models import Transformer, from_pretrained
 from sagc_jax.models.sharding import state_shardings
-from sagc_jax.rl.rewards import RewardFn, compute_rewards
+from sagc_jax.rl.rewards import RewardFn, score_groups
 from sagc_jax.sampling import Sampler, SamplingConfig
 
 __all__ = [
@@ -46,6 +44,7 @@ __all__ = [
     "PolicySource",
     "evaluate",
     "format_table",
+    "greedy_accuracy",
     "load_eval_examples",
     "load_policy",
     "pass_at_k",
@@ -59,8 +58,6 @@ _CKPT_DIR = "checkpoints"
 _INITIAL = "initial"
 _HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-# Columns that are not reward-function keyword arguments (as in the trainer).
-_NOT_COLUMNS = {"prompt", "prompt_ids", "solution"}
 
 
 class CheckpointPathError(ValueError):
@@ -141,21 +138,16 @@ def resolve_checkpoint(checkpoint: str | os.PathLike[str]) -> PolicySource:
 
 
 def _abstract_run_model(cfg: Config, tokenizer: Any) -> Transformer:
-    """The model `trainer.build_model` builds for `cfg`, as shapes only (nothing allocated)."""
-    m = cfg.model
-    if m.path is None:
-        from sagc_jax.trainer import build_model  # the trainer's own recipe, so they can't drift
+    """The model `build_model` builds for `cfg`, as shapes only (nothing allocated)."""
+    from sagc_jax.models.build import model_config  # the trainer's recipe: they can't drift
 
-        return nnx.eval_shape(lambda: build_model(cfg, len(tokenizer), tokenizer, None)[0])
-    hf_cfg = Path(m.path) / "config.json"
     try:
-        d = json.loads(hf_cfg.read_text())
+        mcfg = model_config(cfg, len(tokenizer), tokenizer)
     except OSError as e:
         raise CheckpointPathError(
-            f"the run was initialised from {m.path}, whose config.json (needed to know the "
-            f"architecture) cannot be read: {e.strerror}") from None
-    mcfg = from_hf_dict(d, dtype=m.dtype)
-    return nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+            f"the run was initialised from {cfg.model.path}, whose config.json (needed to know "
+            f"the architecture) cannot be read: {e.strerror}") from None
+    return nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(cfg.run.seed)))
 
 
 def _restore_params(src: PolicySource, abstract_model: Transformer,
@@ -170,18 +162,12 @@ def _restore_params(src: PolicySource, abstract_model: Transformer,
         shardings = jax.tree.map(lambda _: one, pure)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           pure, shardings)
+    from sagc_jax.checkpoint import restore_pure_params
+
     if src.kind == "initial":
-        with ocp.StandardCheckpointer() as c:
-            params = c.restore(src.path, target)
+        params = restore_pure_params(src.path, target)
     else:
-        mngr = ocp.CheckpointManager(
-            src.path.parent, options=ocp.CheckpointManagerOptions(create=False))
-        try:
-            got = mngr.restore(src.step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(target)))
-        finally:
-            mngr.close()
-        params = got["params"]
+        params = restore_pure_params(src.path.parent, target, step=src.step)
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(graphdef, state)
 
@@ -299,13 +285,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def _eos_ids(tokenizer: Any) -> list[int]:
-    """EOS ids the sampler stops on (the tokenizer's eos plus any generation-only ones)."""
-    ids = {tokenizer.eos_token_id}
-    ids |= set(getattr(tokenizer, "generation_eos_ids", None) or ())
-    return sorted(int(i) for i in ids if i is not None)
-
-
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -374,90 +353,114 @@ def evaluate(
     if prompt_buckets is None:
         prompt_buckets = (_round_up(max(len(p) for p in prompt_ids), 16),)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    group_sizes = tuple(sorted({1, k} - {0}))
     sampler = Sampler(model, SamplingConfig(
-        group_sizes=group_sizes, prompts_per_step=int(batch_prompts),
+        group_sizes=tuple(sorted({1, k} - {0})), prompts_per_step=int(batch_prompts),
         prompt_buckets=tuple(int(b) for b in prompt_buckets), max_new_tokens=int(max_new_tokens),
-        decode_chunk=int(decode_chunk)), pad_id=int(pad_id), eos_ids=_eos_ids(tokenizer),
+        decode_chunk=int(decode_chunk)), pad_id=int(pad_id), eos_ids=stop_ids(tokenizer),
         mesh=mesh)
-
-    n = len(exs)
-    greedy = {"correct": np.zeros(n, bool), "reward": np.zeros(n), "len": np.zeros(n, int),
-              "trunc": np.zeros(n, bool)}
-    greedy_text: list[str] = [""] * n
-    sample_correct = np.zeros((n, max(k, 1)), bool)
-    sample_reward = np.zeros((n, max(k, 1)))
-    sample_len = np.zeros((n, max(k, 1)), int)
-    sample_trunc = np.zeros((n, max(k, 1)), bool)
-    errors = 0
-    base_key = jax.random.key(seed)
-    first = reward_fns[0].name
-
-    def score(idx: list[int], g: int, completions: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        nonlocal errors
-        rows = [exs[i] for i in idx for _ in range(g)]
-        cols = {c: [ex.get(c) for ex in rows] for c in exs[idx[0]] if c not in _NOT_COLUMNS}
-        res = compute_rewards(reward_fns, [ex["prompt"] for ex in rows], completions, cols,
-                              on_error=on_error)
-        errors += res.num_errors
-        return res.per_fn[first] >= correct_threshold, res.total
-
-    batches = [list(range(s, min(s + batch_prompts, n))) for s in range(0, n, batch_prompts)]
+    tally = _Tally(len(exs), k)
+    batches = [list(range(s, min(s + batch_prompts, len(exs))))
+               for s in range(0, len(exs), batch_prompts)]
     if progress:
         from tqdm.auto import tqdm
 
         batches = tqdm(batches, desc="evaluating")
+    base_key = jax.random.key(seed)
     for b, idx in enumerate(batches):
-        prompts = [prompt_ids[i] for i in idx]
         key = jax.random.fold_in(base_key, b)
         # G=1 greedy for accuracy, then G=k sampled for pass@k (k == 1 also samples at G=1).
         for g, is_greedy in [(1, True)] + ([(k, False)] if k > 0 else []):
-            out = sampler.generate(prompts, group_size=g, key=key, greedy=is_greedy,
-                                   temperature=temperature, max_new_tokens=max_new_tokens)
+            out = sampler.generate([prompt_ids[i] for i in idx], group_size=g, key=key,
+                                   greedy=is_greedy, temperature=temperature,
+                                   max_new_tokens=max_new_tokens)
             texts = [decode_completion(tokenizer, row[:ln])
                      for row, ln in zip(out.tokens, out.lengths)]
-            ok, total = score(idx, g, texts)
-            sl = np.asarray(idx)
-            if is_greedy:
-                greedy["correct"][sl], greedy["reward"][sl] = ok, total
-                greedy["len"][sl], greedy["trunc"][sl] = out.lengths, out.truncated
-                for i, t in zip(idx, texts):
-                    greedy_text[i] = t
-            else:
-                sample_correct[sl] = ok.reshape(-1, g)
-                sample_reward[sl] = total.reshape(-1, g)
-                sample_len[sl] = out.lengths.reshape(-1, g)
-                sample_trunc[sl] = out.truncated.reshape(-1, g)
-
-    result: dict[str, Any] = {
-        "num_prompts": n,
-        "num_samples": k,
-        "accuracy": float(greedy["correct"].mean()),
-        "greedy_reward_mean": float(greedy["reward"].mean()),
-        "len_mean": float(greedy["len"].mean()),
-        "len_max": int(greedy["len"].max()),
-        "truncated_frac": float(greedy["trunc"].mean()),
-    }
-    if k > 0:
-        num_correct = sample_correct.sum(axis=1)
-        result["pass@1"] = float(np.mean([pass_at_k(k, int(c), 1) for c in num_correct]))
-        result[f"pass@{k}"] = float(np.mean([pass_at_k(k, int(c), k) for c in num_correct]))
-        result.update({
-            "sample_reward_mean": float(sample_reward.mean()),
-            "sample_len_mean": float(sample_len.mean()),
-            "sample_len_max": int(sample_len.max()),
-            "sample_truncated_frac": float(sample_trunc.mean()),
-        })
-    result.update({"reward_errors": errors, "correct_reward": first,
+            res = score_groups(reward_fns, [exs[i] for i in idx], g, texts, on_error=on_error)
+            tally.add(idx, g, is_greedy, out, texts, res, reward_fns[0].name, correct_threshold)
+    result = tally.summary()
+    result.update({"reward_errors": tally.errors, "correct_reward": reward_fns[0].name,
                    "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
                    "seed": int(seed), "eval_s": time.perf_counter() - t_start})
     if details:
-        result["per_prompt"] = [
-            {"prompt": ex["prompt"], "answer": ex.get("answer"), "greedy": greedy_text[i],
-             "greedy_correct": bool(greedy["correct"][i]),
-             **({"num_correct": int(sample_correct[i].sum())} if k > 0 else {})}
-            for i, ex in enumerate(exs)]
+        result["per_prompt"] = tally.per_prompt(exs)
     return result
+
+
+class _Tally:
+    """Per-prompt outcomes of `evaluate`: greedy (G=1) and k samples per prompt."""
+
+    def __init__(self, n: int, k: int):
+        self.k = k
+        kk = max(k, 1)
+        self.greedy = {"correct": np.zeros(n, bool), "reward": np.zeros(n),
+                       "len": np.zeros(n, int), "trunc": np.zeros(n, bool)}
+        self.greedy_text = [""] * n
+        self.sample = {"correct": np.zeros((n, kk), bool), "reward": np.zeros((n, kk)),
+                       "len": np.zeros((n, kk), int), "trunc": np.zeros((n, kk), bool)}
+        self.errors = 0
+
+    def add(self, idx: list[int], g: int, is_greedy: bool, out: Any, texts: list[str], res: Any,
+            first: str, threshold: float) -> None:
+        self.errors += res.num_errors
+        ok = res.per_fn[first] >= threshold
+        sl = np.asarray(idx)
+        if is_greedy:
+            gr = self.greedy
+            gr["correct"][sl], gr["reward"][sl] = ok, res.total
+            gr["len"][sl], gr["trunc"][sl] = out.lengths, out.truncated
+            for i, t in zip(idx, texts):
+                self.greedy_text[i] = t
+        else:
+            for key, v in (("correct", ok), ("reward", res.total), ("len", out.lengths),
+                           ("trunc", out.truncated)):
+                self.sample[key][sl] = np.asarray(v).reshape(-1, g)
+
+    def summary(self) -> dict[str, Any]:
+        gr, sm, k = self.greedy, self.sample, self.k
+        result: dict[str, Any] = {
+            "num_prompts": len(gr["correct"]), "num_samples": k,
+            "accuracy": float(gr["correct"].mean()),
+            "greedy_reward_mean": float(gr["reward"].mean()),
+            "len_mean": float(gr["len"].mean()), "len_max": int(gr["len"].max()),
+            "truncated_frac": float(gr["trunc"].mean()),
+        }
+        if k > 0:
+            num_correct = sm["correct"].sum(axis=1)
+            result["pass@1"] = float(np.mean([pass_at_k(k, int(c), 1) for c in num_correct]))
+            result[f"pass@{k}"] = float(np.mean([pass_at_k(k, int(c), k) for c in num_correct]))
+            result.update({
+                "sample_reward_mean": float(sm["reward"].mean()),
+                "sample_len_mean": float(sm["len"].mean()),
+                "sample_len_max": int(sm["len"].max()),
+                "sample_truncated_frac": float(sm["trunc"].mean()),
+            })
+        return result
+
+    def per_prompt(self, exs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"prompt": ex["prompt"], "answer": ex.get("answer"),
+                 "greedy": self.greedy_text[i],
+                 "greedy_correct": bool(self.greedy["correct"][i]),
+                 **({"num_correct": int(self.sample["correct"][i].sum())} if self.k > 0 else {})}
+                for i, ex in enumerate(exs)]
+
+
+def greedy_accuracy(sampler: Sampler, tokenizer: Any, examples: Sequence[Mapping[str, Any]],
+                    reward_fns: Sequence[RewardFn], *, params: Any, key: jax.Array,
+                    chat_template: bool = False, on_error: str = "raise", batch: int = 64,
+                    correct_threshold: float = 0.5) -> float:
+    """Fraction of `examples` whose greedy completion scores >= `correct_threshold` on the first
+    reward function; `sampler` must declare G = 1 with `batch` prompts per call."""
+    correct, total = 0, 0
+    first = reward_fns[0].name
+    for i in range(0, len(examples), batch):
+        chunk = examples[i:i + batch]
+        ids = [encode_prompt(tokenizer, e["prompt"], chat_template) for e in chunk]
+        out = sampler.generate(ids, group_size=1, key=key, greedy=True, params=params)
+        texts = [decode_completion(tokenizer, r[:n]) for r, n in zip(out.tokens, out.lengths)]
+        res = score_groups(reward_fns, chunk, 1, texts, on_error=on_error)
+        correct += int((res.per_fn[first] >= correct_threshold).sum())
+        total += len(chunk)
+    return correct / max(total, 1)
 
 
 def format_table(result: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ class RunWriter:
             self._tb.close()
             self._tb = None
         if plots:
+            from sagc_jax.plots import plot_run
+
             plot_run(self.metrics_path, self.dir / "plots")
 
 
@@ -94,37 +97,16 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_run(metrics_path: Path, out_dir: Path) -> list[Path]:
-    """PNGs of reward, completion length, group size and straggler rate over steps."""
-    if not metrics_path.exists():
-        return []
-    import matplotlib
+def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+    """Trailing mean over full windows: out[i] = mean(values[i : i + window]).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = read_jsonl(metrics_path)
-    if not rows:
-        return []
-    out_dir.mkdir(parents=True, exist_ok=True)
-    steps = np.array([r["step"] for r in rows])
-    panels = [("reward_mean", "training reward"), ("len_mean", "mean completion length"),
-              ("group_size", "group size G"), ("straggler_rate", "straggler rate"),
-              ("step_s", "seconds per step"), ("sagc_queue", "SAGC virtual queue")]
-    fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(11, 9), sharex=True)
-    for ax, (key, title) in zip(axes.ravel(), panels):
-        y = np.array([float(r.get(key, np.nan)) if not isinstance(r.get(key), str) else np.nan
-                      for r in rows])
-        ax.plot(steps, y, lw=0.8, alpha=0.5)
-        if len(y) >= 10 and key not in ("group_size",):
-            w = max(len(y) // 20, 5)
-            ax.plot(steps[w - 1:], np.convolve(np.nan_to_num(y), np.ones(w) / w, "valid"), lw=2)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    for ax in axes[-1]:
-        ax.set_xlabel("step")
-    fig.tight_layout()
-    path = out_dir / "training.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return [path]
+    Units: those of `values`. Length `len(values) - window + 1` (empty if too short); out[i]
+    belongs to the step at index `i + window - 1`, the last one it averages.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    v = np.asarray(values, dtype=float)
+    if len(v) < window:
+        return np.zeros(0)
+    c = np.cumsum(np.concatenate([[0.0], v]))
+    return (c[window:] - c[:-window]) / window

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.rl.advantages import group_advantages, group_ids_for, zero_variance_groups
-from sagc_jax.rl.shaping import overlong_penalty, truncation_mask
+from sagc_jax.rl.shaping import overlong_penalty
 
 # Bucket shape shared by every call below: 16 rows, 4 groups → one compile for G=4 and G=8.
 ROWS, NUM_GROUPS = 16, 4
@@ -90,10 +90,3 @@ def test_overlong_penalty():
     np.testing.assert_array_equal(overlong_penalty(lengths, 100, 0, 1.0), 0.0)
     with pytest.raises(ValueError):
         overlong_penalty(lengths, 100, 200)
-
-
-def test_truncation_mask():
-    np.testing.assert_array_equal(truncation_mask([True, False, True]), [0.0, 1.0, 0.0])
-    out = truncation_mask(jnp.array([False, True]))
-    assert isinstance(out, jnp.ndarray) and out.dtype == jnp.float32
-    np.testing.assert_array_equal(np.asarray(out), [1.0, 0.0])

@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from sagc_jax.cli import main
-from sagc_jax.compare import (
+from sagc_jax.experiments import (
     COLUMNS,
     Policy,
     aggregate,

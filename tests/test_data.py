@@ -185,7 +185,7 @@ def test_read_parquet(tmp_path):
         {"prompt": "a", "answer": "1", "k": 1},
         {"prompt": "b", "answer": "2", "k": 2},
     ]
-    assert load_examples({"train_path": str(p)}, "train") == read_parquet(p)
+    assert load_examples({"train_file": str(p)}, "train") == read_parquet(p)
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"prompt": ["a", None], "answer": ["1", "2"]}), bad)
     with pytest.raises(DataError, match=r"bad\.parquet row 1: .*must be a string, got NoneType"):
@@ -330,7 +330,7 @@ def test_sft_batches(tok):
 
 
 def test_load_examples_task_and_file(tmp_path):
-    cfg = {"task": "arith", "seed": 0, "train_size": 100, "eval_size": 20}
+    cfg = {"task": "arith", "seed": 0, "num_train": 100, "num_eval": 20}
     assert len(load_examples(cfg, "train")) == 100 and len(load_examples(cfg, "eval")) == 20
     p = pathlib.Path(tmp_path) / "e.jsonl"
     p.write_text('{"q": "x", "a": "1"}\n')

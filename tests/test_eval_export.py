@@ -38,8 +38,8 @@ from sagc_jax.evaluate import (
     resolve_checkpoint,
 )
 from sagc_jax.export import export
+from sagc_jax.models.build import build_model
 from sagc_jax.rl.rewards import RewardFn
-from sagc_jax.trainer import build_model
 
 K, BATCH, NEW, CHUNK = 3, 3, 16, 8
 STEPS = (2, 4)
@@ -79,7 +79,7 @@ def run(tmp_path_factory) -> dict:
     saved = {"initial": jax.tree.map(np.asarray, nnx.to_pure_dict(params))}
     for step in STEPS:
         params = jax.tree.map(lambda x, s=step: x + 0.01 * s, params)  # distinct per step
-        saver.save(step, ckpt.TrainState(step, params, opt_state, {"x": np.zeros(2)}, data_iter),
+        saver.save(step, ckpt.Snapshot(step, params, opt_state, {"x": np.zeros(2)}, data_iter),
                    force=True)
         saved[step] = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
     saver.wait()

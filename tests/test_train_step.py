@@ -14,7 +14,8 @@ from flax import nnx
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.train_step import CompiledSteps, LossSettings
+from sagc_jax.rl.train_step import LossSettings
+from sagc_jax.train.learner import CompiledSteps
 
 CFG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8)

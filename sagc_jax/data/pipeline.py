@@ -248,28 +248,13 @@ def make_sft_batches(
         epoch += 1
 
 
-_ALIASES: dict[str, tuple[str, ...]] = {
-    "task": ("task", "task_name"),
-    "task_options": ("task_options", "task_kwargs"),
-    "min_steps": ("task_min_steps", "min_steps"),
-    "max_steps": ("task_max_steps", "max_steps"),
-    "train_path": ("train_file", "train_path", "path", "dataset_path"),
-    "eval_path": ("eval_file", "eval_path"),
-    "prompt_column": ("prompt_column",),
-    "answer_column": ("answer_column",),
-    "seed": ("seed", "data_seed"),
-    "train_size": ("num_train", "train_size", "num_train_examples"),
-    "eval_size": ("num_eval", "eval_size", "num_eval_examples"),
-}
 _MISSING = object()
 
 
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    for name in _ALIASES[key]:
-        val = cfg.get(name, _MISSING) if isinstance(cfg, Mapping) else getattr(cfg, name, _MISSING)
-        if val is not _MISSING and val is not None:
-            return val
-    return default
+def _cfg_get(cfg: Any, name: str, default: Any = None) -> Any:
+    """`cfg.name` (or `cfg[name]` for a mapping); None counts as unset."""
+    val = cfg.get(name, _MISSING) if isinstance(cfg, Mapping) else getattr(cfg, name, _MISSING)
+    return default if val is _MISSING or val is None else val
 
 
 def load_examples(
@@ -301,7 +286,7 @@ def load_examples(
         if seed is None and hasattr(getattr(cfg, "run", None), "seed"):
             seed = cfg.run.seed
         cfg = cfg.data
-    path = _cfg_get(cfg, f"{split}_path")
+    path = _cfg_get(cfg, f"{split}_file")
     if path is not None:
         return read_examples(
             os.fspath(path),
@@ -313,11 +298,11 @@ def load_examples(
         raise DataError(f"no {split} data configured: set a built-in task or {split}_file")
     options = dict(_cfg_get(cfg, "task_options", {}))
     for key in ("min_steps", "max_steps"):
-        val = _cfg_get(cfg, key)
+        val = _cfg_get(cfg, f"task_{key}")
         if val is not None:
             options.setdefault(key, int(val))
     task = get_task(name, **options)
     if split == "train":
         seed = int(seed if seed is not None else _cfg_get(cfg, "seed", 0))
-        return task.train_examples(seed, _cfg_get(cfg, "train_size"))
-    return task.eval_examples(_cfg_get(cfg, "eval_size"))
+        return task.train_examples(seed, _cfg_get(cfg, "num_train"))
+    return task.eval_examples(_cfg_get(cfg, "num_eval"))

@@ -24,6 +24,7 @@ __all__ = [
     "encode_text",
     "load_tokenizer",
     "packaged_tokenizer_dir",
+    "stop_ids",
 ]
 
 #: Name accepted by :func:`load_tokenizer` (besides ``None``) for the packaged asset.
@@ -100,6 +101,13 @@ def _eos_ids(tok: PreTrainedTokenizerBase) -> set[int]:
     elif isinstance(eos, Iterable):
         ids.update(int(i) for i in eos)
     return ids
+
+
+def stop_ids(tok: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids generation stops on: the eos id(s) plus any generation-only ones
+    (`generation_eos_ids`, e.g. a chat model's end-of-turn token)."""
+    return sorted(_eos_ids(tok) | {int(i) for i in getattr(tok, "generation_eos_ids", None) or ()
+                                   if i is not None})
 
 
 def decode_completion(tok: PreTrainedTokenizerBase, ids: Sequence[int] | np.ndarray) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "gsm8k_reward",
     "normalize_number",
     "resolve_reward",
+    "score_groups",
 ]
 
 logger = logging.getLogger(__name__)
@@ -440,3 +441,20 @@ def compute_rewards(
         per_fn[rf.name] = vals
         total += np.float32(rf.weight) * vals
     return RewardResult(total=total, per_fn=per_fn, num_errors=num_errors, messages=messages)
+
+
+#: Example fields that are not reward-function keyword arguments.
+NOT_COLUMNS = frozenset({"prompt", "prompt_ids", "solution"})
+
+
+def score_groups(reward_fns: Sequence[RewardFn], examples: Sequence[Mapping[str, Any]], g: int,
+                 completions: Sequence[str], on_error: str = "raise") -> RewardResult:
+    """Rewards of `len(examples) * g` prompt-major completions (row r answers example r // g).
+
+    Every example field except the prompt text/ids and the SFT solution (the columns of the
+    first example) is passed to the reward functions as a keyword argument, repeated g times.
+    """
+    prompts = [ex["prompt"] for ex in examples for _ in range(g)]
+    keys = [k for k in examples[0] if k not in NOT_COLUMNS] if examples else []
+    columns = {k: [ex.get(k) for ex in examples for _ in range(g)] for k in keys}
+    return compute_rewards(reward_fns, prompts, completions, columns, on_error=on_error)

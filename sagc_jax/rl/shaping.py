@@ -1,4 +1,5 @@
-"""DAPO reward shaping and loss masking for over-long completions (host-side NumPy).
+"""DAPO reward shaping for over-long completions (host-side NumPy); the masking of truncated
+completions (`algo.mask_truncated`) is the `loss_rows` of `rl.batch.make_batch`.
 
 References: DAPO (Yu et al., 2025), §3.4 "Overlong Reward Shaping": soft overlong punishment and
 overlong filtering (masking truncated samples out of the loss).
@@ -7,7 +8,6 @@ overlong filtering (masking truncated samples out of the loss).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -38,20 +38,3 @@ def overlong_penalty(
         return np.zeros(lengths.shape, np.float32)
     over = np.clip((lengths - (max_new_tokens - buffer)) / buffer, 0.0, 1.0)
     return (-penalty * over).astype(np.float32)
-
-
-def truncation_mask(truncated: np.ndarray | jax.Array) -> np.ndarray | jax.Array:
-    """Per-row loss weight that drops truncated completions (DAPO overlong filtering).
-
-    Multiply into the token mask: ``mask * truncation_mask(truncated)[:, None]``.
-
-    Args:
-        truncated: ``bool[R]``; True where generation hit the length cap without EOS.
-
-    Returns:
-        ``f32[R]``: 1.0 keep, 0.0 drop. A ``jax.Array`` in gives a ``jax.Array`` out (usable inside
-        ``jit``); anything else gives NumPy.
-    """
-    if isinstance(truncated, jax.Array):
-        return jnp.logical_not(truncated.astype(bool)).astype(jnp.float32)
-    return np.logical_not(np.asarray(truncated, dtype=bool)).astype(np.float32)

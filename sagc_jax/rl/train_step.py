@@ -1,7 +1,6 @@
-"""The jitted, mesh-sharded GRPO/DAPO update and the forward passes around it.
+"""The GRPO/DAPO update and SFT step as pure functions (jitted in `train.learner`).
 
-One `jax.jit` per (rows, sequence length) shape, with explicit in/out shardings and donated
-params/optimizer state. Advantages are computed inside the step (per group, with that step's G),
+Advantages are computed inside the step (per group, with that step's G),
 so nothing on the host needs a compile when G changes.
 
 Sequence layout of a rollout batch (all [R, ...], rows prompt-major):
@@ -17,12 +16,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
 
-from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.advantages import group_advantages
 from sagc_jax.rl.losses import policy_loss, token_logprobs
 
@@ -155,99 +151,6 @@ def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
     return step
 
 
-@dataclasses.dataclass
-class CompiledSteps:
-    """Jitted train / logprob functions over a mesh, one compile per batch shape.
-
-    Shardings are explicit: params/opt state by the model's rules, batch rows over data x fsdp,
-    metrics replicated. Params and optimizer state are donated.
-    """
-
-    graphdef: nnx.GraphDef
-    optimizer: optax.GradientTransformation
-    settings: LossSettings
-    mesh: Mesh
-    param_shardings: Any
-    opt_shardings: Any
-    micro_batch_rows: int | None = None
-
-    def __post_init__(self) -> None:
-        self._train: dict[tuple, Callable] = {}
-        self._logp: dict[tuple, Callable] = {}
-        # Ahead-of-time executables from warm_up: a jit's own cache does not see them.
-        self._compiled: dict[tuple, Callable] = {}
-
-    def batch_shardings(self, rows: int) -> dict[str, NamedSharding]:
-        n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if rows % n_shards:
-            # Rows that don't split evenly stay replicated: correct, just not data-parallel.
-            return {k: replicated(self.mesh) for k in BATCH_FIELDS}
-        return {k: batch_sharding(self.mesh, nd) for k, nd in BATCH_FIELDS.items()}
-
-    def micro_batches(self, rows: int) -> int:
-        mb = self.micro_batch_rows
-        if mb is None or mb >= rows:
-            return 1
-        if rows % mb:
-            raise ValueError(f"algo.micro_batch_rows: {mb} must divide the batch rows {rows} "
-                             "(prompts x group size) of every declared shape")
-        return rows // mb
-
-    def _jit_train(self, rows: int, num_groups: int, prompt_len: int) -> Callable:
-        key = (rows, num_groups, prompt_len)
-        if key not in self._train:
-            step = make_train_step(self.graphdef, self.optimizer, self.settings,
-                                   num_groups=num_groups, prompt_len=prompt_len,
-                                   micro_batches=self.micro_batches(rows))
-            rep = replicated(self.mesh)
-            self._train[key] = jax.jit(
-                step,
-                in_shardings=(self.param_shardings, self.opt_shardings,
-                              self.batch_shardings(rows)),
-                out_shardings=(self.param_shardings, self.opt_shardings, rep),
-                donate_argnums=(0, 1))
-        return self._train[key]
-
-    def _jit_logprob(self, rows: int, prompt_len: int) -> Callable:
-        key = (rows, prompt_len)
-        if key not in self._logp:
-            bs = self.batch_shardings(rows)
-            fn = lambda p, t, pad, ln: completion_logprobs(  # noqa: E731
-                self.graphdef, p, t, pad, ln, prompt_len, self.settings.temperature)
-            self._logp[key] = jax.jit(
-                fn, in_shardings=(self.param_shardings, bs["tokens"], bs["prompt_pad"],
-                                  bs["lengths"]),
-                out_shardings=bs["old_logprobs"])
-        return self._logp[key]
-
-    def train_fn(self, rows: int, num_groups: int, prompt_len: int,
-                 completion_len: int | None = None) -> Callable:
-        """`fn(params, opt_state, batch) -> (params, opt_state, metrics)` for one shape: the
-        ahead-of-time executable when `warm_up` made one (a jit's cache does not see those)."""
-        exe = self._compiled.get(("train", rows, num_groups, prompt_len, completion_len))
-        return exe or self._jit_train(rows, num_groups, prompt_len)
-
-    def logprob_fn(self, rows: int, prompt_len: int,
-                   completion_len: int | None = None) -> Callable:
-        """`fn(params, tokens, prompt_pad, lengths) -> logprobs [R, N]` (old / reference)."""
-        exe = self._compiled.get(("logp", rows, prompt_len, completion_len))
-        return exe or self._jit_logprob(rows, prompt_len)
-
-    def warm_up(self, params: Any, opt_state: Any, rows: int, num_groups: int, prompt_len: int,
-                completion_len: int, need_logprobs: bool) -> None:
-        """Compiles (ahead of time) the step for one shape, without running it."""
-        spec = abstract_batch(rows, prompt_len + completion_len, completion_len)
-        shard = self.batch_shardings(rows)
-        spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shard[k])
-                for k, v in spec.items()}
-        self._compiled[("train", rows, num_groups, prompt_len, completion_len)] = (
-            self._jit_train(rows, num_groups, prompt_len).lower(params, opt_state, spec).compile())
-        if need_logprobs:
-            self._compiled[("logp", rows, prompt_len, completion_len)] = (
-                self._jit_logprob(rows, prompt_len).lower(
-                    params, spec["tokens"], spec["prompt_pad"], spec["lengths"]).compile())
-
-
 def abstract_batch(rows: int, seq_len: int, completion_len: int) -> dict[str, Any]:
     """ShapeDtypeStructs of a rollout batch (for ahead-of-time compilation)."""
     i32, f32 = jnp.int32, jnp.float32
@@ -262,8 +165,3 @@ def abstract_batch(rows: int, seq_len: int, completion_len: int) -> dict[str, An
         "valid": jax.ShapeDtypeStruct((rows,), jnp.bool_),
         "loss_rows": jax.ShapeDtypeStruct((rows,), jnp.bool_),
     }
-
-
-def to_device_batch(batch: dict[str, np.ndarray], shardings: dict[str, NamedSharding]) -> dict:
-    """Host numpy batch -> global arrays with the step's shardings (single process)."""
-    return {k: jax.device_put(np.asarray(batch[k]), shardings[k]) for k in BATCH_FIELDS}

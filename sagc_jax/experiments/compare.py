@@ -1,0 +1,159 @@
+"""Paper-style experiment: SAGC against static group sizes on one task, same everything else.
+
+`sagc-jax compare --config configs/compare_cpu.yaml [--out-dir DIR] [--seeds 0,1]
+[--policies static-4,static-8,static-16,sagc] [key=value ...]` (arguments parsed in `cli.py`)
+trains one run per policy x seed from the same base config, evaluates every final checkpoint on
+the held-out split, and writes `results.md`, `results.json` and PNG plots to the output directory.
+
+Protocol:
+
+- **Policies.** `static-<g>`: `sagc.enabled=false`, `sagc.initial_group_size=g` and
+  `sagc.group_sizes=[g]` (only the one shape it runs is compiled; this changes compile time,
+  which is reported apart, and nothing else). `sagc`: `sagc.enabled=true` with the config's rungs.
+- **Same budget.** Every run gets the same seeds, the same prompts per step (the config's
+  `sagc.batch_policy`, `prompts` by default) and the same number of GRPO steps. A fixed step
+  budget gives every policy the same prompts in the same order; wall-clock is *measured*, not
+  budgeted, and reported as time-to-target and total time.
+- **Wall-clock** of a run = sum of `step_s` over its steps (rollout + rewards + update; any
+  in-training eval time is subtracted). The SFT warm start (identical for every policy of a
+  seed) and the compile warm-up are not counted; compile time is reported in its own column.
+- **Shared SFT.** The SFT warm start depends only on the seed and the model/data/init/sampling
+  sections, so the first run of each seed keeps its post-SFT params under `<out>/sft/s<seed>/`
+  (with a fingerprint of those sections) and later runs of that seed start from them via
+  `init.params` instead of re-running SFT. Each run still writes its own `checkpoints/initial`.
+- **Resumable.** Run directories are `<out>/<policy>-s<seed>`. A run whose final checkpoint
+  exists is skipped; a partial one resumes from its checkpoint. Evaluations are cached in
+  `<run>/eval.json`.
+
+Modules: `policies` (parsing), `summary` (the math), `report` (results.md), `runs` (one run),
+this one (orchestration); plots in `sagc_jax.plots`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.experiments.policies import Policy, run_name
+from sagc_jax.experiments.report import format_results_md
+from sagc_jax.experiments.runs import TIMING_FILE, eval_run, train_run
+from sagc_jax.experiments.summary import COLUMNS, aggregate, auto_target, num, summarize_run
+
+logger = logging.getLogger("sagc_jax.experiments")
+
+
+def _machine() -> str:
+    import jax
+
+    devs = jax.devices()
+    return (f"{os.cpu_count()} CPU cores visible, JAX {jax.__version__} on "
+            f"{len(devs)} {devs[0].platform} device(s)")
+
+
+def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Sequence[int],
+                   policies: Sequence[Policy], overrides: Sequence[str] = (),
+                   target: float | None = None, window: int = 10, num_samples: int = 0,
+                   eval_limit: int | None = None, eval_batch: int = 50,
+                   train: bool = True, share_sft: bool = True) -> dict[str, Any]:
+    """Trains every policy x seed (seed-major, so an interrupted comparison has whole seeds),
+    evaluates, and writes results.md / results.json / plots under `out_dir`.
+
+    `target=None` picks `auto_target` (80 % of the way from the initial to the best final
+    reward). `train=False` only re-summarises existing run directories. Returns results.json.
+    """
+    from sagc_jax.config import load_config
+    from sagc_jax.metrics import read_jsonl
+    from sagc_jax.plots import plot_comparison
+
+    t_start = time.perf_counter()
+    out = Path(out_dir).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    common = [*overrides, "run.eval_every=0"]
+
+    def cfg_for(pol: Policy, seed: int) -> Any:
+        return load_config(config, [*common, *pol.overrides(), f"run.seed={seed}",
+                                    f"run.dir={out / run_name(pol, seed)}"])
+
+    cfgs = {(p.name, s): cfg_for(p, s) for s in seeds for p in policies}  # validate all first
+    timings: dict[tuple[str, int], dict[str, Any]] = {}
+    for seed in seeds:
+        for pol in policies:
+            cfg = cfgs[(pol.name, seed)]
+            if train:
+                timings[(pol.name, seed)] = train_run(
+                    cfg, out / "sft" / f"s{seed}" if share_sft else None)
+            else:
+                tp = Path(cfg.run.dir) / TIMING_FILE
+                timings[(pol.name, seed)] = json.loads(tp.read_text()) if tp.is_file() else {}
+    evals: dict[tuple[str, int], dict[str, Any]] = {}
+    for seed in seeds:
+        for pol in policies:
+            evals[(pol.name, seed)] = eval_run(
+                Path(cfgs[(pol.name, seed)].run.dir), num_samples=num_samples, limit=eval_limit,
+                batch_prompts=eval_batch)
+
+    rows = {p.name: {s: read_jsonl(Path(cfgs[(p.name, s)].run.dir) / "metrics.jsonl")
+                     for s in seeds} for p in policies}
+    target_note = "fixed by --target"
+    if target is None:
+        first = [float(np.mean([num(r["reward_mean"]) for r in rs[:window]]))
+                 for seeds_ in rows.values() for rs in seeds_.values() if rs]
+        finals = {p: float(np.mean([summarize_run(rs, target=math.inf)["final_reward"]
+                                    for rs in seeds_.values()])) for p, seeds_ in rows.items()}
+        target = auto_target(first, finals)
+        target_note = ("auto: 80 % of the way from the mean initial reward (first "
+                       f"{window} steps) to the best policy's mean final reward")
+    per_run: dict[str, dict[int, dict[str, Any]]] = {}
+    for p in policies:
+        for s in seeds:
+            summ = summarize_run(rows[p.name][s], target=target, window=window)
+            summ["eval_accuracy"] = evals[(p.name, s)].get("accuracy")
+            if num_samples:
+                summ[f"pass@{num_samples}"] = evals[(p.name, s)].get(f"pass@{num_samples}")
+            summ["compile_s"] = timings[(p.name, s)].get("compile_s")
+            summ["sft_s"] = timings[(p.name, s)].get("sft_s")
+            summ["sft_shared"] = timings[(p.name, s)].get("sft_shared")
+            per_run.setdefault(p.name, {})[s] = summ
+    keys = [k for k, _, _ in COLUMNS] + ([f"pass@{num_samples}"] if num_samples else [])
+    agg = aggregate(per_run, keys)
+
+    base = cfgs[(policies[0].name, seeds[0])]
+    sagc_cfg = next((cfgs[(p.name, seeds[0])] for p in policies if p.group_size is None), base)
+    sft_times = [t.get("sft_s") for t in timings.values()
+                 if t.get("sft_s") and not t.get("sft_shared")]
+    meta = {
+        "config": config, "overrides": list(overrides),
+        "overrides_note": f" with `{' '.join(overrides)}`" if overrides else "",
+        "task": base.data.task or base.data.train_file, "steps": base.run.steps,
+        "prompts_per_step": base.data.prompts_per_step,
+        "batch_policy": base.sagc.batch_policy, "seeds": list(seeds),
+        "policies": [p.name for p in policies], "sagc_timing": sagc_cfg.sagc.timing,
+        "delta": sagc_cfg.sagc.delta, "rungs": list(sagc_cfg.sagc.group_sizes),
+        "target": target, "target_note": target_note, "window": window,
+        "num_samples": num_samples,
+        "eval_prompts": next(iter(evals.values())).get("num_prompts"),
+        "sft_note": (f"{np.mean(sft_times):.0f}s per seed, run once per seed and shared"
+                     if sft_times else "no time in this invocation: restored or skipped"),
+        "machine": _machine(), "elapsed_s": time.perf_counter() - t_start,
+    }
+    result = {"meta": meta, "policies": agg, "runs": per_run}
+    (out / "results.json").write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    (out / "results.md").write_text(format_results_md(agg, meta))
+    plot_comparison(rows, out, target=target, window=window, delta=sagc_cfg.sagc.delta)
+    logger.info("compare: wrote %s, results.json and plots (%.1f min)", out / "results.md",
+                meta["elapsed_s"] / 60)
+    return result
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")

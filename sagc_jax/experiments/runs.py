@@ -1,0 +1,123 @@
+"""One comparison run: train it (or resume, or skip when finished) and evaluate its final
+checkpoint. The SFT warm start is shared between the runs of a seed through `init.params`."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("sagc_jax.experiments")
+
+TIMING_FILE = "compare_timing.json"
+EVAL_FILE = "eval.json"
+SFT_FINGERPRINT = "fingerprint.json"
+
+
+def sft_fingerprint(cfg: Any) -> dict[str, Any]:
+    """The config parts the SFT warm start depends on (seed, model, data, init, sampling);
+    `init.params` is left out (it is how a shared warm start is handed on)."""
+    from sagc_jax.config import config_to_dict
+
+    d = config_to_dict(cfg)
+    init = {k: v for k, v in d["init"].items() if k != "params"}
+    return {"seed": d["run"]["seed"], "init": init,
+            **{k: d[k] for k in ("model", "data", "sampling")}}
+
+
+def _with_init_params(cfg: Any, path: Path) -> Any:
+    from sagc_jax.config import config_from_dict, config_to_dict
+
+    d = config_to_dict(cfg)
+    d["init"]["params"] = str(path)
+    return config_from_dict(d)
+
+
+def _shared_sft(cfg: Any, cache: Path | None) -> Path | None:
+    """The cached post-SFT params of this seed when their fingerprint matches `cfg`."""
+    if cache is None or cfg.init.sft_steps == 0 or cfg.init.params:
+        return None
+    meta = cache / SFT_FINGERPRINT
+    if (cache / "initial").is_dir() and meta.is_file() and json.loads(
+            meta.read_text()) == json.loads(json.dumps(sft_fingerprint(cfg))):
+        return cache / "initial"
+    return None
+
+
+def _store_sft(cfg: Any, run_dir: Path, cache: Path) -> None:
+    """Keeps a fresh run's post-SFT params (its `checkpoints/initial`) for the seed's others."""
+    src = run_dir / "checkpoints" / "initial"
+    if not src.is_dir():
+        return
+    meta = cache / SFT_FINGERPRINT
+    meta.unlink(missing_ok=True)
+    shutil.rmtree(cache / "initial", ignore_errors=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, cache / "initial")
+    meta.write_text(json.dumps(sft_fingerprint(cfg), indent=1))
+
+
+def final_done(run_dir: Path, steps: int) -> bool:
+    return (run_dir / "checkpoints" / str(steps)).is_dir()
+
+
+def train_run(cfg: Any, sft_cache: Path | None) -> dict[str, Any]:
+    """Trains (or resumes, or skips when finished) one run in this process; returns its
+    timing record `{sft_s, sft_shared, compile_s}` (also in `<run>/compare_timing.json`)."""
+    import jax
+
+    from sagc_jax.train import train
+
+    run_dir = Path(cfg.run.dir)
+    timing_path = run_dir / TIMING_FILE
+    if final_done(run_dir, cfg.run.steps):
+        logger.info("compare: %s: final checkpoint exists, skipped", run_dir.name)
+        return json.loads(timing_path.read_text()) if timing_path.is_file() else {}
+    logger.info("compare: %s: training %d steps", run_dir.name, cfg.run.steps)
+    shared = _shared_sft(cfg, sft_cache)
+    if shared is not None:
+        logger.info("compare: SFT warm start restored from %s", shared.parent)
+        cfg = _with_init_params(cfg, shared)
+    phases: dict[str, float] = {}
+    train(cfg, timing=phases)
+    if sft_cache is not None and shared is None and "sft_s" in phases and cfg.init.sft_steps:
+        _store_sft(cfg, run_dir, sft_cache)
+    timing = {"sft_s": phases.get("sft_s", 0.0), "sft_shared": shared is not None,
+              "compile_s": phases.get("compile_s")}
+    gc.collect()
+    jax.clear_caches()  # compiled executables of this run are not reused by the next
+    timing_path.write_text(json.dumps(timing, indent=1) + "\n")
+    return timing
+
+
+def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
+             batch_prompts: int) -> dict[str, Any]:
+    """Greedy accuracy (and pass@k with num_samples > 0) of a run's newest checkpoint on the
+    run config's held-out split; cached in `<run>/eval.json` per checkpoint step."""
+    from sagc_jax.evaluate import evaluate, load_eval_examples, load_policy, resolve_checkpoint
+    from sagc_jax.rl.rewards import build_reward_fns
+
+    src = resolve_checkpoint(run_dir)
+    path = run_dir / EVAL_FILE
+    key = {"step": src.step, "num_samples": num_samples, "limit": limit}
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if {k: old.get(k) for k in key} == key:
+            return old
+    model, tok, cfg = load_policy(run_dir)
+    assert cfg is not None
+    examples, _ = load_eval_examples(None, cfg, limit=limit)
+    s = cfg.sampling
+    res = evaluate(model, tok, examples, reward_fns=build_reward_fns(cfg.rewards),
+                   num_samples=num_samples, max_new_tokens=s.max_new_tokens,
+                   temperature=s.temperature, batch_prompts=batch_prompts, seed=cfg.run.seed,
+                   chat_template=cfg.data.chat_template, prompt_buckets=s.prompt_buckets,
+                   decode_chunk=s.decode_chunk)
+    out = {**key, **res}
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    logger.info("compare: %s: held-out accuracy %.3f (%d problems, %.0fs)", run_dir.name,
+                res["accuracy"], res["num_prompts"], res["eval_s"])
+    return out

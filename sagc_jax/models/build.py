@@ -1,0 +1,47 @@
+"""The policy a run config describes: an HF checkpoint (`model.path`) or a fresh model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+from flax import nnx
+
+from sagc_jax.models.config import ModelConfig, from_hf_dict, from_run_section
+from sagc_jax.models.hf import from_pretrained
+from sagc_jax.models.llama import Transformer
+
+
+def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
+                ) -> tuple[Transformer, ModelConfig]:
+    """An HF checkpoint (`model.path`, weights loaded onto `mesh`) or a fresh random model from
+    the `model.*` fields (seeded by `run.seed`; the tokenizer supplies vocab and special ids)."""
+    m = cfg.model
+    if m.path is not None:
+        model, mcfg = from_pretrained(m.path, dtype=m.dtype, mesh=mesh)
+        if m.remat:
+            model.cfg = dataclasses.replace(mcfg, remat=True)
+            mcfg = model.cfg
+        return model, mcfg
+    mcfg = model_config(cfg, vocab_size, tokenizer)
+    return Transformer(mcfg, rngs=nnx.Rngs(cfg.run.seed)), mcfg
+
+
+def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> ModelConfig:
+    """The architecture `build_model` builds for `cfg`, without weights: `model.path`'s
+    `config.json` (with `model.remat`), or the `model.*` fields with `vocab_size` (special ids
+    from `tokenizer` when given). OSError / ValueError when config.json cannot be read."""
+    m = cfg.model
+    if m.path is not None:
+        with open(os.path.join(m.path, "config.json"), encoding="utf-8") as fh:
+            mcfg = from_hf_dict(json.load(fh), dtype=m.dtype)
+        return dataclasses.replace(mcfg, remat=m.remat)
+    if vocab_size is None:
+        raise ValueError("model.tokenizer: needed for the vocabulary size of a fresh model")
+    if tokenizer is None:
+        return from_run_section(m, vocab_size)
+    return from_run_section(m, vocab_size, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)

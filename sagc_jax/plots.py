@@ -1,0 +1,119 @@
+"""PNG plots (matplotlib, Agg backend, imported only when plotting): one run's training curves
+and a comparison's policies side by side. Smoothing is `metrics.moving_average` everywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.experiments.summary import cumulative_seconds, num
+from sagc_jax.metrics import moving_average, read_jsonl
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_run(metrics_path: Path, out_dir: Path) -> list[Path]:
+    """PNGs of reward, completion length, group size and straggler rate over steps."""
+    if not metrics_path.exists():
+        return []
+    plt = _pyplot()
+    rows = read_jsonl(metrics_path)
+    if not rows:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = np.array([r["step"] for r in rows])
+    panels = [("reward_mean", "training reward"), ("len_mean", "mean completion length"),
+              ("group_size", "group size G"), ("straggler_rate", "straggler rate"),
+              ("step_s", "seconds per step"), ("sagc_queue", "SAGC virtual queue")]
+    fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(11, 9), sharex=True)
+    for ax, (key, title) in zip(axes.ravel(), panels):
+        y = np.array([float(r.get(key, np.nan)) if not isinstance(r.get(key), str) else np.nan
+                      for r in rows])
+        ax.plot(steps, y, lw=0.8, alpha=0.5)
+        if len(y) >= 10 and key not in ("group_size",):
+            w = max(len(y) // 20, 5)
+            ax.plot(steps[w - 1:], moving_average(np.nan_to_num(y), w), lw=2)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    path = out_dir / "training.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path]
+
+
+def plot_comparison(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+                    out_dir: Path, *, target: float, window: int = 10,
+                    delta: float | None = None) -> list[Path]:
+    """PNGs: reward vs wall-clock, G over steps, straggler rate and completion length over
+    steps (trailing `window`-step means; one line per run, a colour per policy)."""
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    colors = {p: plt.get_cmap("tab10")(i % 10) for i, p in enumerate(runs)}
+    paths: list[Path] = []
+
+    def smooth(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+        y = np.array([num(r.get(key)) for r in rows])
+        w = min(window, len(y)) or 1
+        return np.arange(w - 1, len(y)), moving_average(y, w)
+
+    def figure(name: str, title: str, xlabel: str, ylabel: str, draw,
+               which: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+               hline: float | None = None) -> None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for pol, seeds in which.items():
+            for j, (seed, rows) in enumerate(sorted(seeds.items())):
+                if rows:
+                    draw(ax, rows, dict(color=colors[pol], lw=1.5, alpha=0.85,
+                                        ls=("-", "--", ":", "-.")[j % 4], label=f"{pol} s{seed}"))
+        if hline is not None:
+            ax.axhline(hline, color="k", lw=0.8, ls=":")
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = out_dir / name
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+
+    def reward(ax, rows, kw):
+        idx, ma = smooth(rows, "reward_mean")
+        ax.plot(cumulative_seconds(rows)[idx], ma, **kw)
+
+    def over_steps(key: str, smooth_it: bool):
+        def draw(ax, rows, kw):
+            steps = np.array([r["step"] for r in rows])
+            if smooth_it:
+                idx, y = smooth(rows, key)
+                ax.plot(steps[idx], y, **kw)
+            else:
+                ax.step(steps, [num(r.get(key)) for r in rows], where="post", **kw)
+        return draw
+
+    figure("reward_vs_wallclock.png", f"training reward ({window}-step mean) vs wall-clock; "
+           f"target {target:.2f}", "training wall-clock (s, cumulative step_s)", "reward",
+           reward, runs, hline=target)
+    sagc_only = {p: s for p, s in runs.items() if p == "sagc"} or runs  # static G is flat
+    figure("group_size.png", "group size G over steps", "step", "G",
+           over_steps("group_size", False), sagc_only)
+    figure("straggler_rate.png", f"straggler rate ({window}-step mean; dotted: delta)", "step",
+           "fraction of groups", over_steps("straggler_rate", True), runs, hline=delta)
+    figure("completion_length.png", f"mean completion length ({window}-step mean)", "step",
+           "tokens", over_steps("len_mean", True), runs)
+    return paths

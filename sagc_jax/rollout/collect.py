@@ -1,0 +1,240 @@
+"""One step's rollouts: prompts -> sampler -> completions -> rewards, with DAPO refill.
+
+`collect(sampler, prompts, g, rewards, ...)` samples `num_prompts` groups of `g` completions,
+scores them, and (with `algo.dynamic_sampling`) drops zero-variance groups and refills them from
+fresh prompts for up to `dynamic_sampling_rounds` extra rounds. The result is a `Rollout` in
+prompt-major row order; what SAGC needs of it (the first round, over all processes) rides along
+as `Rollout.first_round`, turned into an `Observation` by `sagc.observation.observation_from`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from sagc_jax.data.tokenizer import decode_completion
+from sagc_jax.errors import TrainingError
+from sagc_jax.rl.rewards import RewardFn, score_groups
+from sagc_jax.rl.shaping import overlong_penalty
+from sagc_jax.sampling import Sampler
+from sagc_jax.train.hosts import Hosts
+
+
+def rollout_key(seed: int, step: int, round_: int) -> jax.Array:
+    """The sampling key of one rollout round: fold_in(fold_in(key(seed), step), round)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), round_)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectSettings:
+    """Sampling and DAPO settings of `collect` (from `sampling.*`, `algo.*`, `run.seed`)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    dynamic_sampling: bool = False
+    dynamic_sampling_rounds: int = 0
+    overlong_buffer: int = 0
+    overlong_penalty: float = 0.0
+    reward_on_error: str = "raise"
+    seed: int = 0
+    pad_id: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any, pad_id: int) -> CollectSettings:
+        s, a = cfg.sampling, cfg.algo
+        return cls(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
+                   top_p=s.top_p, dynamic_sampling=a.dynamic_sampling,
+                   dynamic_sampling_rounds=a.dynamic_sampling_rounds,
+                   overlong_buffer=a.overlong_buffer, overlong_penalty=a.overlong_penalty,
+                   reward_on_error=cfg.reward_on_error, seed=cfg.run.seed, pad_id=pad_id)
+
+
+class PromptStream:
+    """The step's prompts from one grain iterator per owned virtual data shard.
+
+    The global batch is the shards' next prompts in shard order, so it does not depend on how
+    many processes share the shards; its position (`get_state`) is checkpointed.
+    """
+
+    def __init__(self, iterators: Sequence[Any], num_shards: int, num_epochs: int | None):
+        self.iterators = list(iterators)
+        self.num_shards = num_shards
+        self.num_epochs = num_epochs
+
+    def take(self, step: int, num_prompts: int) -> list[dict[str, Any]]:
+        """This process's block of `num_prompts` global prompts: num_prompts / S from each owned
+        shard, in shard order."""
+        per_shard = num_prompts // self.num_shards
+        return self._next(step, [it for it in self.iterators for _ in range(per_shard)])
+
+    def refill(self, step: int, need: int) -> list[dict[str, Any]]:
+        """DAPO refill: `need` fresh prompts, cycling over the owned shards."""
+        return self._next(step, [self.iterators[i % len(self.iterators)] for i in range(need)])
+
+    def _next(self, step: int, iters: list[Any]) -> list[dict[str, Any]]:
+        try:
+            return [next(it) for it in iters]
+        except StopIteration as e:
+            raise TrainingError(f"training data exhausted at step {step} "
+                                f"(data.num_epochs={self.num_epochs})") from e
+
+    def get_state(self) -> list[Any]:
+        return [it.get_state() for it in self.iterators]
+
+    def set_state(self, states: list[Any]) -> None:
+        for it, st in zip(self.iterators, states):
+            it.set_state(st)
+
+
+@dataclasses.dataclass
+class FirstRound:
+    """The first sampling round over all processes: what SAGC observes (DAPO refills are not
+    part of the group-size decision). Arrays are [global rows]; seconds are this host's."""
+
+    lengths: np.ndarray
+    truncated: np.ndarray
+    rewards: np.ndarray  # raw (before overlong shaping)
+    prompts: int
+    decode_steps: int
+    prefill_s: float
+    decode_s: float
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One step's sampled groups, in prompt-major row order."""
+
+    examples: list[dict[str, Any]]  # one per group
+    group_size: int
+    tokens: np.ndarray  # [R, N]
+    logprobs: np.ndarray  # [R, N]
+    lengths: np.ndarray  # [R]
+    truncated: np.ndarray  # [R]
+    rewards: np.ndarray  # [R] (shaped)
+    raw_rewards: np.ndarray  # [R] (before overlong shaping)
+    valid: np.ndarray  # [R] rows in kept groups
+    completions: list[str]
+    stats: dict[str, float]
+    first_round: FirstRound | None = None
+    reward_errors: int = 0
+    row_offset: int = 0  # global index of this process's first row (multi-process)
+
+    @property
+    def prompt_len(self) -> int:
+        """Longest prompt (tokens) of this process's groups."""
+        return max(len(ex["prompt_ids"]) for ex in self.examples)
+
+
+_STAT_KEYS = ("prefill_s", "decode_s", "decode_steps", "padding_waste", "compiles")
+
+
+def collect(sampler: Sampler, prompts: PromptStream, g: int, rewards: Sequence[RewardFn], *,
+            step: int, num_prompts: int, params: Any, tokenizer: Any,
+            settings: CollectSettings, hosts: Hosts | None = None) -> Rollout:
+    """Samples `num_prompts` (global) groups of `g`; see the module docstring.
+
+    With several processes each samples its `num_prompts / processes` share (DAPO refill is
+    single-process only); the first round's lengths, flags and rewards are gathered.
+    """
+    hosts = hosts or Hosts()
+    st = settings
+    rounds = 1 + (st.dynamic_sampling_rounds if st.dynamic_sampling else 0)
+    kept: list[tuple] = []  # per group: (example, tokens, logp, len, trunc, rew, raw, comps)
+    stats = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "padding_waste": 0,
+             "compiles": 0, "rollout_rounds": 0, "reward_s": 0.0}
+    first = None
+    errors = 0
+    local = hosts.local_rows(num_prompts)
+    for r in range(rounds):
+        need = local - len(kept)
+        if need == 0:
+            break
+        examples = prompts.take(step, num_prompts) if r == 0 else prompts.refill(step, need)
+        out = sampler.generate(
+            [ex["prompt_ids"] for ex in examples], group_size=g,
+            key=rollout_key(st.seed, step, r), max_new_tokens=st.max_new_tokens,
+            temperature=st.temperature, top_k=st.top_k, top_p=st.top_p, params=params)
+        comps = [decode_completion(tokenizer, row[:n]) for row, n in zip(out.tokens, out.lengths)]
+        for k in _STAT_KEYS:
+            stats[k] += float(getattr(out.stats, k))
+        stats["rollout_rounds"] += 1
+        t0 = time.perf_counter()
+        res = score_groups(rewards, examples, g, comps, on_error=st.reward_on_error)
+        stats["reward_s"] += time.perf_counter() - t0
+        errors += res.num_errors
+        raw = res.total.astype(np.float32)
+        shaped = raw + overlong_penalty(out.lengths, st.max_new_tokens, st.overlong_buffer,
+                                        st.overlong_penalty)
+        if r == 0:
+            # SAGC sees the global rollout so every process makes the same decision.
+            glob = hosts.gather({"lengths": np.asarray(out.lengths),
+                                 "truncated": np.asarray(out.truncated), "rewards": raw})
+            first = FirstRound(np.asarray(glob["lengths"]), np.asarray(glob["truncated"]),
+                               np.asarray(glob["rewards"]), len(examples) * hosts.count,
+                               int(out.stats.decode_steps), float(out.stats.prefill_s),
+                               float(out.stats.decode_s))
+        for i, ex in enumerate(examples):
+            sl = slice(i * g, (i + 1) * g)
+            if st.dynamic_sampling and np.ptp(shaped[sl]) == 0:
+                continue  # no learning signal: refilled next round, or dropped after the last
+            if len(kept) < local:
+                kept.append((ex, out.tokens[sl], out.logprobs[sl], out.lengths[sl],
+                             out.truncated[sl], shaped[sl], raw[sl], comps[sl]))
+    return _assemble(kept, g, local, st, stats, first, errors, hosts)
+
+
+def _assemble(kept: list[tuple], g: int, num_prompts: int, st: CollectSettings,
+              stats: dict[str, float], first: FirstRound | None, errors: int,
+              hosts: Hosts) -> Rollout:
+    """Kept groups -> fixed-shape arrays; missing groups stay invalid padding."""
+    n_max, rows = st.max_new_tokens, num_prompts * g
+    tokens = np.full((rows, n_max), st.pad_id, np.int32)
+    logp = np.zeros((rows, n_max), np.float32)
+    lengths = np.zeros(rows, np.int32)
+    trunc = np.zeros(rows, bool)
+    rew = np.zeros(rows, np.float32)
+    raw_r = np.zeros(rows, np.float32)
+    valid = np.zeros(rows, bool)
+    comps_all = [""] * rows
+    examples = []
+    for i, (ex, t, lp, ln, tr, sh, rw, cm) in enumerate(kept):
+        sl = slice(i * g, (i + 1) * g)
+        tokens[sl], logp[sl], lengths[sl], trunc[sl] = t, lp, ln, tr
+        rew[sl], raw_r[sl], valid[sl] = sh, rw, True
+        comps_all[sl] = cm
+        examples.append(ex)
+    # Padding groups reuse the first prompt so the batch keeps its compiled shape.
+    filler = examples[0] if examples else None
+    while len(examples) < num_prompts:
+        examples.append(filler if filler is not None else {"prompt_ids": [st.pad_id]})
+    return Rollout(examples, g, tokens, logp, lengths, trunc, rew, raw_r, valid, comps_all,
+                   stats, first, errors, row_offset=hosts.index * rows)
+
+
+def global_view(ro: Rollout, hosts: Hosts) -> tuple[Rollout, int]:
+    """(the rollout's per-row metrics over all processes, the longest prompt anywhere).
+
+    Single process: the rollout itself. Otherwise lengths, flags and rewards are gathered
+    (tokens stay host-local), so metrics and the train step's buckets agree on every host.
+    """
+    plen = ro.prompt_len
+    if hosts.single:
+        return ro, plen
+    glob = hosts.gather({"lengths": ro.lengths, "truncated": ro.truncated,
+                         "rewards": ro.rewards, "raw_rewards": ro.raw_rewards, "valid": ro.valid,
+                         "plen": np.asarray([plen], np.int64)})
+    stats = dict(ro.stats)
+    # Global rows x global decode steps, as a single process would count it.
+    stats["padding_waste"] = (len(glob["lengths"]) * int(stats["decode_steps"])
+                              - int(glob["lengths"][glob["valid"]].sum()))
+    gv = dataclasses.replace(
+        ro, lengths=glob["lengths"], truncated=glob["truncated"], rewards=glob["rewards"],
+        raw_rewards=glob["raw_rewards"], valid=glob["valid"], stats=stats, row_offset=0)
+    return gv, int(glob["plen"].max())

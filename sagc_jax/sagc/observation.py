@@ -1,0 +1,38 @@
+"""What SAGC observes of a step: `observation_from(rollout)` -> `Observation`.
+
+The controller sees the first sampling round over all processes (lengths, truncated flags, raw
+rewards) and its seconds. With `sagc.timing: model` the seconds come from the linear time model
+instead of the clock, so decisions are reproducible (exact resume, seed-for-seed comparisons).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.sagc.controller import Observation
+
+
+def observation_from(rollout: Any, sagc_cfg: Any, *, max_new_tokens: int, decode_chunk: int,
+                     agree_seconds: Any = None) -> Observation:
+    """The `Observation` of `rollout.first_round` (a `rollout.FirstRound`).
+
+    `agree_seconds(prefill_s, decode_s) -> (prefill_s, decode_s)` makes measured seconds equal
+    on every process (process 0's), so the SAGC state and the next G stay identical everywhere.
+    """
+    fr = rollout.first_round
+    g = rollout.group_size
+    rows, steps = fr.prompts * g, int(fr.decode_steps)
+    if sagc_cfg.timing == "model":
+        prefill_s = sagc_cfg.model_prefill_a + sagc_cfg.model_prefill_b * rows
+        decode_s = steps * (sagc_cfg.model_decode_a + sagc_cfg.model_decode_b * rows)
+    else:
+        prefill_s, decode_s = float(fr.prefill_s), float(fr.decode_s)
+        if agree_seconds is not None:
+            prefill_s, decode_s = agree_seconds(prefill_s, decode_s)
+    return Observation(
+        group_size=g, lengths=np.asarray(fr.lengths), truncated=np.asarray(fr.truncated),
+        rewards=np.asarray(fr.rewards), max_new_tokens=max_new_tokens, prefill_s=prefill_s,
+        decode_s=decode_s, decode_steps=steps, rows=rows, prompts=fr.prompts,
+        decode_chunk=decode_chunk)

@@ -1,0 +1,16 @@
+"""The training run: `train(cfg)` (see `train.loop` for the one-way step).
+
+Modules: `state` (TrainState), `plan` (ShapePlan), `learner` (compiled steps, update), `sft`
+(warm start), `hosts` (cross-process agreement), `setup` (build a run), `loop` (the loop).
+"""
+
+from sagc_jax.errors import TrainingError
+
+__all__ = ["TrainingError", "train"]
+
+
+def train(cfg, *, progress=None, timing=None):
+    """`train.loop.train` (imported lazily: `import sagc_jax.train` stays light)."""
+    from sagc_jax.train.loop import train as _train
+
+    return _train(cfg, progress=progress, timing=timing)

@@ -1,0 +1,321 @@
+"""The GRPO training loop, in one direction:
+
+    g = policy.choose() -> rollout = collect(...) -> batch = make_batch(rollout)
+      -> state, m = learner.update(state, batch) -> policy.observe(observation_from(rollout))
+      -> writer.write(row)
+
+`train(cfg)`: build -> restore-or-init (resume, or `init.params`, or the SFT warm start) ->
+warm-up (every shape of the plan compiled before step 1, so `compiles` stays 0 while G moves)
+-> guarded steps (a failing step checkpoints the state from before it) -> signals (Ctrl-C /
+SIGTERM stop after the current step and save). SAGC sits beside the loop: it is asked for G and
+told what the step observed, nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import time
+from typing import Any
+
+import numpy as np
+
+from sagc_jax import checkpoint as ckpt
+from sagc_jax.config import Config, save_config
+from sagc_jax.errors import TrainingError
+from sagc_jax.evaluate import greedy_accuracy
+from sagc_jax.rl.batch import make_batch
+from sagc_jax.rollout import collect, global_view, rollout_key
+from sagc_jax.sagc.observation import observation_from
+from sagc_jax.sampling import compile_count
+from sagc_jax.train.setup import Run, build_run
+from sagc_jax.train.sft import progress_bar, sft_warm_start
+from sagc_jax.train.state import copy_params
+
+logger = logging.getLogger("sagc_jax.train")
+
+_LOSS_KEYS = ("loss", "pg_loss", "kl", "grad_norm", "clip_frac", "ratio_mean", "adv_abs_mean")
+
+
+def _log(run: Run, msg: str, *args: Any) -> None:
+    if run.hosts.is_main:
+        logger.info(msg, *args)
+
+
+# ---------------------------------------------------------------------------- start-up phases
+def _snapshot(run: Run, step: int) -> ckpt.Snapshot:
+    return ckpt.Snapshot(step=step, params=run.state.params, opt_state=run.state.opt_state,
+                         sagc=run.policy.state, data_iter=list(run.prompts.iterators))
+
+
+def _fresh_params(run: Run) -> list[float]:
+    """Initial params from `init.params` or the SFT warm start; returns the SFT losses."""
+    cfg = run.cfg
+    if cfg.init.params:
+        run.state.params = ckpt.restore_params(cfg.init.params, run.state.params)
+        return []
+    run.state.params, losses = sft_warm_start(
+        cfg, run.state.params, graphdef=run.graphdef, param_shardings=run.param_shardings,
+        mesh=run.mesh, examples=run.train_examples, tokenizer=run.tokenizer,
+        progress=run.show_progress)
+    return losses
+
+
+def restore_or_init(run: Run) -> str:
+    """Resumes from the newest good checkpoint (run.resume), else initialises; says which."""
+    mode = run.cfg.run.resume
+    # params + AdamW moments, twice over (a checkpoint being written while `keep` exist).
+    run.ckpt.check_writable(min_free_bytes=6 * run.state.param_bytes())
+    restored = None
+    if mode != "never":
+        restored = run.ckpt.restore_latest(_snapshot(run, 0), run.model_cfg)
+    beta = run.cfg.algo.beta
+    if restored is None:
+        if mode == "required":
+            raise FileNotFoundError(f"run.resume=required but no checkpoint in "
+                                    f"{run.ckpt.directory}")
+        if run.ckpt.latest_step() is not None and mode == "never":
+            raise FileExistsError(f"{run.ckpt.directory} already holds checkpoints and "
+                                  "run.resume=never; choose another run.dir")
+        t0 = time.perf_counter()
+        sft = _fresh_params(run)
+        run.timing["sft_s"] = time.perf_counter() - t0
+        run.ckpt.save_initial(run.state.params, run.model_cfg)
+        # The reference must survive donation of the params in the train step.
+        run.learner.ref_params = copy_params(run.state.params) if beta > 0 else None
+        run.writer.resume_from(0)
+        if sft:
+            return f"fresh start; SFT loss {sft[0]:.3f} -> {sft[-1]:.3f}"
+        return "fresh start"
+    run.state.params, run.state.opt_state = restored.params, restored.opt_state
+    run.state.step = restored.step
+    run.policy.load_state(restored.sagc)
+    if beta > 0:
+        run.learner.ref_params = run.ckpt.restore_initial(run.state.params)
+    run.writer.resume_from(run.state.step)
+    return f"resumed from step {run.state.step}"
+
+
+def warm_up(run: Run) -> float:
+    """Compiles every shape (samplers, train steps, gathers) ahead of step 1; returns seconds."""
+    t0 = time.perf_counter()
+    run.sampler.compile_all(progress=run.show_progress)
+    if run.eval is not None:
+        run.eval.sampler.compile_all(progress=run.show_progress)
+    run.learner.warm_up(run.state, run.plan)
+    # Host-side eager ops (key derivation, the lr schedule for logging) compile once per
+    # signature: do it here so `compiles` is 0 from step 1 on.
+    rollout_key(run.cfg.run.seed, 0, 0)
+    float(run.lr_schedule(0))
+    run.hosts.warm_up({g: run.hosts.local_rows(p) * g for g, p in run.plan.prompts_per_g.items()},
+                      measured_timing=run.cfg.sagc.timing != "model")
+    return time.perf_counter() - t0
+
+
+def eval_greedy(run: Run) -> float:
+    """Greedy held-out accuracy (first reward fn >= 0.5) with the current params."""
+    assert run.eval is not None
+    return greedy_accuracy(run.eval.sampler, run.tokenizer, run.eval.examples, run.reward_fns,
+                           params=run.state.params, key=rollout_key(run.cfg.run.seed, 0, 0),
+                           chat_template=run.cfg.data.chat_template,
+                           on_error=run.cfg.reward_on_error)
+
+
+# ---------------------------------------------------------------------------- one step
+def train_one(run: Run, step: int) -> dict[str, Any]:
+    """One GRPO step (0-based `step`): the loop in the module docstring; returns its row."""
+    cfg, hosts = run.cfg, run.hosts
+    t_step = time.perf_counter()
+    c0 = compile_count()
+    g = run.policy.choose()
+    if cfg.sagc.timing != "model":
+        # Measured timings differ per host; process 0 decides (the states are kept equal by
+        # agreeing on its seconds in `observation_from`, this is the belt to those braces).
+        g = int(hosts.agree(np.int32(g))) if not hosts.single else g
+    num_prompts = run.plan.prompts_per_g[g]
+    t0 = time.perf_counter()
+    ro = collect(run.sampler, run.prompts, g, run.reward_fns, step=step,
+                 num_prompts=num_prompts, params=run.state.params, tokenizer=run.tokenizer,
+                 settings=run.collect_settings, hosts=hosts)
+    rollout_s = time.perf_counter() - t0
+    gv, plen = global_view(ro, hosts)
+    batch = make_batch(ro, prompt_len=run.sampler.prompt_bucket_for(plen),
+                       completion_len=run.plan.completion_bucket(int(gv.lengths.max())),
+                       num_groups=num_prompts, pad_id=run.pad_id,
+                       mask_truncated=cfg.algo.mask_truncated)
+    t0 = time.perf_counter()
+    run.state, m = run.learner.update(run.state, batch)
+    train_s = time.perf_counter() - t0
+    if m.get("finite", 1.0) < 1:
+        raise TrainingError(
+            f"non-finite loss or gradient at step {step + 1} (loss={m.get('loss')}, "
+            f"grad_norm={m.get('grad_norm')}); params were not updated. Lower optim.lr or "
+            "check the rewards")
+    run.state.step = step + 1
+    sagc_m = run.policy.observe(observation_from(
+        ro, cfg.sagc, max_new_tokens=cfg.sampling.max_new_tokens,
+        decode_chunk=cfg.sampling.decode_chunk, agree_seconds=hosts.seconds))
+    row = metrics_row(run, step, gv, m, sagc_m, batch.prompt_len, batch.completion_len)
+    row.update(rollout_s=rollout_s, train_s=train_s)
+    ev = cfg.run.eval_every
+    if run.eval is not None and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
+        t0 = time.perf_counter()
+        row["eval_accuracy"] = eval_greedy(run)
+        row["eval_s"] = time.perf_counter() - t0
+    row["compiles"] = compile_count() - c0
+    row["step_s"] = time.perf_counter() - t_step
+    run.writer.write(row, trace_row(step, gv, cfg.sampling.max_new_tokens))
+    return row
+
+
+def metrics_row(run: Run, step: int, ro: Any, m: dict[str, float], sagc_m: dict[str, Any],
+                prompt_len: int, completion_len: int) -> dict[str, Any]:
+    """The metrics.jsonl row of a step from its global rollout `ro` (timings added by caller)."""
+    g = ro.group_size
+    v = ro.valid
+    lens = ro.lengths[v] if v.any() else ro.lengths
+    return {
+        "step": step + 1, "group_size": g, "prompts": len(ro.lengths) // g,
+        "rows": len(ro.lengths),
+        "reward_mean": float(ro.raw_rewards[v].mean()) if v.any() else 0.0,
+        "reward_std": float(ro.raw_rewards[v].std()) if v.any() else 0.0,
+        "shaped_reward_mean": float(ro.rewards[v].mean()) if v.any() else 0.0,
+        "len_mean": float(lens.mean()), "len_max": int(ro.lengths.max()),
+        "truncated_frac": float(ro.truncated.mean()),
+        "kept_groups": int(v.sum() // g), "rollout_rounds": ro.stats["rollout_rounds"],
+        "reward_errors": ro.reward_errors,
+        "padding_waste": int(ro.stats["padding_waste"]),
+        "decode_steps": int(ro.stats["decode_steps"]), "train_len": completion_len,
+        "prompt_len": prompt_len, "lr": float(run.lr_schedule(step)),
+        **{k: m[k] for k in _LOSS_KEYS if k in m},
+        **sagc_m,
+        "prefill_s": ro.stats["prefill_s"], "decode_s": ro.stats["decode_s"],
+        "reward_s": ro.stats["reward_s"],
+    }
+
+
+def trace_row(step: int, ro: Any, max_new_tokens: int) -> dict[str, Any]:
+    """trace.jsonl row: per kept group, lengths, truncated flags and raw rewards."""
+    g = ro.group_size
+    return {"step": step + 1, "group_size": g, "max_new_tokens": max_new_tokens,
+            "groups": [{"lengths": ro.lengths[i * g:(i + 1) * g].tolist(),
+                        "truncated": ro.truncated[i * g:(i + 1) * g].tolist(),
+                        "rewards": ro.raw_rewards[i * g:(i + 1) * g].round(6).tolist()}
+                       for i in range(len(ro.lengths) // g) if ro.valid[i * g]]}
+
+
+def guarded_step(run: Run, step: int) -> dict[str, Any]:
+    """Runs one step; if it fails (a reward fn raises, bad data, non-finite loss) the state
+    from before the step — params, optimizer, SAGC, data position — is checkpointed first,
+    so a fixed run resumes exactly where this one stopped."""
+    data_states = run.prompts.get_state()
+    sagc_state = {k: np.copy(v) for k, v in run.policy.state.items()}
+    try:
+        return train_one(run, step)
+    except Exception as e:
+        run.prompts.set_state(data_states)
+        run.policy.load_state(sagc_state)
+        run.ckpt.save(step, _snapshot(run, step), force=True)
+        run.ckpt.wait()
+        where = f"state before step {step + 1} saved in {run.ckpt.directory}"
+        if isinstance(e, TrainingError):
+            raise TrainingError(f"{e} ({where})") from e
+        raise TrainingError(f"step {step + 1} failed: {type(e).__name__}: {e} ({where})") from e
+
+
+# ---------------------------------------------------------------------------- the loop
+class _StopFlag:
+    """Ctrl-C / SIGTERM: stop after the current step; a second one stops now."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        def handler(signum, frame):
+            if self.set:
+                raise KeyboardInterrupt
+            self.set = True
+
+        self._old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in self._old:
+            with contextlib.suppress(ValueError):  # not in the main thread
+                signal.signal(s, handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(s, h)
+
+
+def _initial_eval(run: Run) -> None:
+    acc = eval_greedy(run)
+    _log(run, "held-out greedy accuracy before GRPO: %.3f (%d problems)", acc,
+         len(run.eval.examples))
+    if run.hosts.is_main:
+        (run.run_dir / "eval_initial.json").write_text(
+            json.dumps({"step": 0, "eval_accuracy": acc}) + "\n")
+
+
+def _report(run: Run, bar: Any, step: int, row: dict[str, Any]) -> None:
+    if hasattr(bar, "set_postfix"):
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", G=row["group_size"],
+                        strag=f"{row['straggler_rate']:.2f}", s_step=f"{row['step_s']:.2f}")
+    elif (step + 1) % run.cfg.run.log_every == 0:
+        _log(run, "step %d: reward %.3f G=%d strag %.2f %.2fs", step + 1, row["reward_mean"],
+             row["group_size"], row["straggler_rate"], row["step_s"])
+
+
+def run_loop(run: Run) -> dict[str, Any]:
+    """Restore-or-init, warm up, then steps until `run.steps` or a signal; returns the last
+    metrics row ({} when no step ran)."""
+    cfg = run.cfg
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    if run.hosts.is_main:
+        save_config(cfg, run.run_dir / "config.yaml")
+    how = restore_or_init(run)
+    _log(run, "%s; model %.2fM params, mesh %s", how, run.model_cfg.num_params() / 1e6,
+         dict(run.mesh.shape))
+    run.timing["compile_s"] = warm_up(run)
+    _log(run, "compiled %d sampler shapes and the train steps in %.1fs",
+         len(run.sampler.shapes), run.timing["compile_s"])
+    start = run.state.step
+    if run.eval is not None and start == 0:
+        _initial_eval(run)
+    last: dict[str, Any] = {}
+    bar = progress_bar(range(start, cfg.run.steps), enabled=run.show_progress, desc="GRPO",
+                       initial=start, total=cfg.run.steps)
+    try:
+        with _StopFlag() as stop:
+            for step in bar:
+                last = guarded_step(run, step)
+                _report(run, bar, step, last)
+                done = step + 1
+                if stop.set:
+                    run.ckpt.save(done, _snapshot(run, done), force=True)
+                    _log(run, "stopped by signal after step %d; checkpoint saved", done)
+                    break
+                run.ckpt.save(done, _snapshot(run, done), force=done == cfg.run.steps)
+    finally:
+        run.ckpt.wait()
+        run.writer.close(plots=cfg.run.plots)
+    return last
+
+
+def train(cfg: Config, *, progress: bool | None = None,
+          timing: dict[str, float] | None = None) -> dict[str, Any]:
+    """Builds and runs a training job from `cfg`; returns the last metrics row.
+
+    `timing`, when given, receives the seconds of the start-up phases: `sft_s` (SFT warm start
+    or `init.params` restore; absent on resume) and `compile_s` (warm-up).
+    """
+    run = build_run(cfg, progress=progress)
+    try:
+        return run_loop(run)
+    finally:
+        run.ckpt.close()
+        if timing is not None:
+            timing.update(run.timing)

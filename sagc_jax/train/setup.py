@@ -1,0 +1,168 @@
+"""Everything a training run is built from, derived from a Config once (`build_run`).
+
+Nothing here trains: the loop (`train.loop`) restores or initialises the state, warms up and
+steps. Params live only in `Run.state`; the samplers get them passed on every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+from flax import nnx
+
+from sagc_jax import checkpoint as ckpt
+from sagc_jax.config import Config
+from sagc_jax.data.pipeline import load_examples, make_prompt_iterator
+from sagc_jax.data.tokenizer import load_tokenizer, stop_ids
+from sagc_jax.metrics import RunWriter
+from sagc_jax.models.build import build_model
+from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.sharding import state_shardings
+from sagc_jax.optim import make_optimizer, make_schedule
+from sagc_jax.parallel import make_mesh_from_config
+from sagc_jax.rl.rewards import RewardFn, build_reward_fns
+from sagc_jax.rollout import CollectSettings, PromptStream
+from sagc_jax.sagc import make_policy
+from sagc_jax.sampling import Sampler
+from sagc_jax.train.hosts import Hosts
+from sagc_jax.train.learner import CompiledSteps, Learner, loss_settings
+from sagc_jax.train.plan import ShapePlan
+from sagc_jax.train.state import TrainState, init_opt_state
+
+logger = logging.getLogger("sagc_jax.train")
+
+
+@dataclasses.dataclass
+class EvalSet:
+    """Greedy held-out accuracy during training: its examples and G = 1 sampler."""
+
+    examples: list[dict[str, Any]]
+    sampler: Sampler
+
+
+@dataclasses.dataclass
+class Run:
+    """A built run. `state` is the only copy of params and optimizer state."""
+
+    cfg: Config
+    hosts: Hosts
+    mesh: Any
+    plan: ShapePlan
+    tokenizer: Any
+    pad_id: int
+    model_cfg: ModelConfig
+    graphdef: nnx.GraphDef
+    param_shardings: Any
+    state: TrainState
+    learner: Learner
+    lr_schedule: Any
+    policy: Any
+    reward_fns: list[RewardFn]
+    sampler: Sampler
+    prompts: PromptStream
+    train_examples: Any
+    collect_settings: CollectSettings
+    eval: EvalSet | None
+    ckpt: ckpt.RunCheckpointer
+    writer: RunWriter
+    progress: bool
+    run_dir: Path
+    timing: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def show_progress(self) -> bool:
+        return self.progress and self.hosts.is_main
+
+
+def _blueprint(graphdef: nnx.GraphDef, params: Any) -> Any:
+    """A model of shapes only, for the samplers' static structure (params are passed per call,
+    so no second live copy of the weights exists)."""
+    return nnx.merge(graphdef, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                            params))
+
+
+def _prompt_stream(cfg: Config, plan: ShapePlan, hosts: Hosts, examples: Any,
+                   tokenizer: Any) -> PromptStream:
+    """One grain iterator per virtual data shard this process owns."""
+    s = cfg.sampling
+    iters = [make_prompt_iterator(
+        examples, tokenizer=tokenizer, seed=cfg.run.seed, shuffle=cfg.data.shuffle,
+        num_epochs=cfg.data.num_epochs, process_index=shard, process_count=plan.data_shards,
+        chat_template=cfg.data.chat_template, worker_count=cfg.data.worker_count,
+        max_prompt_len=s.prompt_buckets[-1], truncate_prompts=s.prompt_too_long == "truncate")
+        for shard in plan.owned_shards(hosts.index)]
+    return PromptStream(iters, plan.data_shards, cfg.data.num_epochs)
+
+
+def _eval_set(cfg: Config, plan: ShapePlan, hosts: Hosts, blueprint: Any, pad_id: int,
+              eos: list[int], mesh: Any) -> EvalSet | None:
+    if cfg.run.eval_every <= 0:
+        return None
+    if not hosts.single:
+        # Held-out eval runs host-local Python over a global batch; not wired up for several
+        # processes yet.
+        if hosts.is_main:
+            logger.info("run.eval_every=%d ignored: evaluation during training is single-process "
+                        "only (%d processes)", cfg.run.eval_every, hosts.count)
+        return None
+    examples = list(load_examples(cfg.data, "eval", seed=cfg.run.seed))
+    sampler = Sampler(blueprint, config=plan.eval_sampling_config(cfg), pad_id=pad_id,
+                      eos_ids=eos, mesh=mesh)
+    return EvalSet(examples, sampler)
+
+
+def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
+    """Builds mesh, tokenizer, model, state, learner, samplers, data and writers from `cfg`.
+
+    Raises ValueError naming the config key at fault (shape plan, vocab, DAPO with hosts).
+    """
+    hosts = Hosts.current()
+    if not hosts.single and cfg.algo.dynamic_sampling:
+        raise ValueError("algo.dynamic_sampling is single-process only (its refill rounds "
+                         f"would differ per host); got {hosts.count} processes")
+    mesh = make_mesh_from_config(cfg.mesh)
+    plan = ShapePlan.from_config(cfg, batch_ways=mesh.shape["data"] * mesh.shape["fsdp"],
+                                 num_processes=hosts.count)
+    errors, _ = plan.problems()
+    if errors:
+        raise ValueError(errors[0])
+    tokenizer = load_tokenizer(cfg.model.tokenizer)
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    eos = stop_ids(tokenizer)
+    run_dir = Path(cfg.run.dir)
+    checkpointer = ckpt.RunCheckpointer(run_dir / "checkpoints", every=cfg.checkpoint.every,
+                                        keep=cfg.checkpoint.keep,
+                                        async_save=cfg.checkpoint.async_save)
+    model, model_cfg = build_model(cfg, len(tokenizer), tokenizer, mesh)
+    if model_cfg.vocab_size < len(tokenizer):
+        raise ValueError(f"model.vocab_size {model_cfg.vocab_size} is smaller than the "
+                         f"tokenizer's {len(tokenizer)} tokens")
+    graphdef, params = nnx.split(model)
+    del model
+    param_shardings = state_shardings(params, mesh)
+    params = jax.device_put(params, param_shardings)
+    optimizer = make_optimizer(cfg.optim, cfg.run.steps)
+    opt_state, opt_shardings = init_opt_state(optimizer, params, mesh)
+    steps = CompiledSteps(graphdef, optimizer, loss_settings(cfg), mesh, param_shardings,
+                          opt_shardings, cfg.algo.micro_batch_rows)
+    learner = Learner(steps, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations,
+                      hosts=hosts, batch_ways=plan.batch_ways)
+    blueprint = _blueprint(graphdef, params)
+    sampler = Sampler(blueprint, config=plan.sampling_config(cfg), pad_id=pad_id, eos_ids=eos,
+                      mesh=mesh)
+    train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
+    return Run(
+        cfg=cfg, hosts=hosts, mesh=mesh, plan=plan, tokenizer=tokenizer, pad_id=pad_id,
+        model_cfg=model_cfg, graphdef=graphdef, param_shardings=param_shardings,
+        state=TrainState(params, opt_state, 0), learner=learner,
+        lr_schedule=make_schedule(cfg.optim, cfg.run.steps), policy=make_policy(cfg.sagc),
+        reward_fns=build_reward_fns(cfg.rewards), sampler=sampler,
+        prompts=_prompt_stream(cfg, plan, hosts, train_examples, tokenizer),
+        train_examples=train_examples, collect_settings=CollectSettings.from_config(cfg, pad_id),
+        eval=_eval_set(cfg, plan, hosts, blueprint, pad_id, eos, mesh), ckpt=checkpointer,
+        writer=RunWriter(run_dir, enabled=hosts.is_main),
+        progress=cfg.run.progress if progress is None else progress, run_dir=run_dir)
