@@ -32,25 +32,22 @@ from typing import Any
 
 import numpy as np
 
+from sagc_jax.experiments.summary import step_seconds
+
 __all__ = [
     "CLOCKS",
-    "BudgetClock",
     "TimeModel",
     "checkpoint_at_or_before",
     "cumulative_clock",
     "cut_at_budget",
     "length_samples",
+    "parse_max_steps",
+    "resolve_budget",
     "step_clock",
     "tail_stats",
 ]
 
 CLOCKS = ("model", "measured")
-
-
-def _num(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return math.nan
-    return float(v)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +78,7 @@ def step_clock(row: Mapping[str, Any], clock: str, tm: TimeModel | None = None) 
     if clock == "model":
         return (tm or TimeModel()).step_seconds(int(row["rows"]), int(row["decode_steps"]))
     if clock == "measured":
-        s, ev = _num(row.get("step_s")), _num(row.get("eval_s"))
-        return s - ev if math.isfinite(ev) else s
+        return step_seconds(row)
     raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
 
 
@@ -106,41 +102,53 @@ def checkpoint_at_or_before(run_dir: str | Path, step: int) -> Path | None:
     return ck / str(max(steps)) if steps else None
 
 
-class BudgetClock:
-    """Accumulates a run's clock step by step; `add(row)` is True once the budget is spent.
-
-    `spent` starts from the rows already logged (a resumed run keeps its clock).
-    """
-
-    def __init__(self, budget_s: float, clock: str, tm: TimeModel | None = None,
-                 rows: Sequence[Mapping[str, Any]] = ()) -> None:
-        if not budget_s > 0:
-            raise ValueError(f"budget must be > 0 seconds, got {budget_s}")
-        if clock not in CLOCKS:
-            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
-        self.budget_s, self.clock, self.tm = float(budget_s), clock, tm or TimeModel()
-        self.spent = float(sum(step_clock(r, clock, self.tm) for r in rows))
-
-    @property
-    def done(self) -> bool:
-        return self.spent >= self.budget_s
-
-    def add(self, row: Mapping[str, Any]) -> bool:
-        self.spent += step_clock(row, self.clock, self.tm)
-        return self.done
+def resolve_budget(budget: float | str | None, totals: Sequence[float]) -> float | None:
+    """The budget in seconds: a number as given, ``"auto"`` = the smallest run total (every run
+    then has data up to it), None = no budget (read whole runs)."""
+    if budget is None:
+        return None
+    if budget == "auto":
+        vals = [t for t in totals if math.isfinite(t)]
+        if not vals:
+            raise ValueError("--budget-s auto: no run has any step yet")
+        return float(min(vals))
+    try:
+        b = float(budget)
+    except (TypeError, ValueError):
+        b = math.nan
+    if not b > 0:
+        raise ValueError(f"--budget-s must be > 0 or 'auto', got {budget!r}")
+    return b
 
 
-def length_samples(trace_path: str | Path, first: int | None = None,
-                   last: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row completion lengths (tokens) and truncated flags from a run's `trace.jsonl`:
-    the first `first` steps, or the last `last` steps, or all. Returns (int [n], bool [n])."""
-    steps = [json.loads(line) for line in Path(trace_path).read_text().splitlines() if line]
-    if first is not None:
-        steps = steps[:first]
-    elif last is not None:
-        steps = steps[-last:]
-    lens = [n for s in steps for grp in s["groups"] for n in grp["lengths"]]
-    trunc = [t for s in steps for grp in s["groups"] for t in grp["truncated"]]
+def parse_max_steps(text: str | None) -> dict[str, int]:
+    """``"static-4=55,sagc=45"`` -> ``{"static-4": 55, "sagc": 45}`` (per-policy step caps)."""
+    out: dict[str, int] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        name, sep, val = part.partition("=")
+        try:
+            n = int(val)
+        except ValueError:
+            n = 0
+        if not sep or n < 1:
+            raise ValueError(f"--max-steps {part.strip()!r}: expected POLICY=STEPS with STEPS >= 1")
+        out[name.strip().lower()] = n
+    return out
+
+
+def length_samples(trace_path: str | Path, steps: tuple[int, int] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row completion lengths (tokens) and truncated flags from a run's `trace.jsonl`,
+    for the steps `lo <= step <= hi` of `steps` (1-based, inclusive; None = all).
+    Returns (int [n], bool [n])."""
+    recs = [json.loads(line) for line in Path(trace_path).read_text().splitlines() if line]
+    if steps is not None:
+        recs = [r for r in recs if steps[0] <= r["step"] <= steps[1]]
+    steps_ = recs
+    lens = [n for s in steps_ for grp in s["groups"] for n in grp["lengths"]]
+    trunc = [t for s in steps_ for grp in s["groups"] for t in grp["truncated"]]
     return np.asarray(lens, dtype=np.int64), np.asarray(trunc, dtype=bool)
 
 
@@ -152,35 +160,3 @@ def tail_stats(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, float]:
     return {"median": float(p50), "p90": float(p90), "p99": float(p99),
             "mean": float(lengths.mean()), "truncated": float(np.mean(truncated))}
 
-
-def plot_length_distribution(samples: Mapping[str, tuple[np.ndarray, np.ndarray]],
-                             path: str | Path, *, cap: int, title: str) -> Path:
-    """Histogram (log count) of completion lengths per labelled sample, e.g. before/after GRPO.
-
-    `samples`: label -> (lengths int [n], truncated bool [n]); `cap`: max_new_tokens (dotted).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bins = np.arange(0, cap + 9, 8)
-    for label, (lens, trunc) in samples.items():
-        st = tail_stats(lens, trunc)
-        ax.hist(lens, bins=bins, histtype="step", lw=1.8, density=True,
-                label=f"{label}: median {st['median']:.0f}, p99 {st['p99']:.0f}, "
-                      f"truncated {st['truncated']:.1%} (n={len(lens)})")
-    ax.axvline(cap, ls=":", c="k", lw=1)
-    ax.set_yscale("log")
-    ax.set_xlabel("completion length (tokens)")
-    ax.set_ylabel("density (log)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
