@@ -27,7 +27,9 @@ What this gives a warm-started policy sampled at temperature 1 (see README "Resu
   likelier it keeps looping (a decreasing hazard — a heavy tail, not a geometric one);
 - **a reason for GRPO to shorten the tail**: a ramble is truncated (no answer) or answers the
   running total at ``j``; both score 0 under ``exact_answer`` unless ``j`` is the last step, so
-  the advantage pushes against entering the loop and lengths move during training.
+  in a group with a correct member the advantage pushes against entering the loop. (Measured:
+  at G = 16 about 0.25-0.3 of groups straggle; within ~30 GRPO steps the tail did not shrink
+  yet, because the low base accuracy leaves most groups without a correct member.)
 
 Training ``answer`` is always the correct one (the rambling only changes ``solution``, which is
 used by the SFT warm start alone); the held-out split has clean solutions. Example ``i`` is a
