@@ -350,6 +350,15 @@ def _compare(argv: list[str]) -> int:
                    help="run the SFT warm start in every run instead of once per seed")
     p.add_argument("--summarize-only", action="store_true",
                    help="do not train: evaluate and summarise the existing run directories")
+    p.add_argument("--budget-s", help="equal wall-clock budget: read every run up to this many "
+                   "seconds on --clock, or 'auto' (the smallest run total); default: none "
+                   "(equal step budgets)")
+    p.add_argument("--clock", default="measured", choices=("model", "measured"),
+                   help="clock of the budget and time-to-target: 'model' = modelled "
+                   "accelerator rollout seconds (deterministic), 'measured' = this machine's "
+                   "real clock (default)")
+    p.add_argument("--max-steps", help="per-policy run.steps caps, e.g. "
+                   "static-4=40,static-16=25,sagc=40 (others use the config's run.steps)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="overrides applied to every run, e.g. run.steps=40")
     args = p.parse_args(argv)
@@ -360,6 +369,11 @@ def _compare(argv: list[str]) -> int:
         seeds = parse_seeds(args.seeds)
         policies = parse_policies(args.policies)
         target = None if args.target == "auto" else float(args.target)
+        from sagc_jax.experiments.budget import parse_max_steps, resolve_budget
+
+        max_steps = parse_max_steps(args.max_steps)
+        budget = args.budget_s if args.budget_s in (None, "auto") else resolve_budget(
+            args.budget_s, [])
         if args.window < 1 or args.num_samples < 0 or args.eval_batch < 1 or (
                 args.eval_limit is not None and args.eval_limit < 1):
             raise ValueError("--window, --eval-batch and --eval-limit must be >= 1 and "
@@ -375,7 +389,8 @@ def _compare(argv: list[str]) -> int:
                        overrides=args.overrides, target=target, window=args.window,
                        num_samples=args.num_samples, eval_limit=args.eval_limit,
                        eval_batch=args.eval_batch, train=not args.summarize_only,
-                       share_sft=not args.no_share_sft)
+                       share_sft=not args.no_share_sft, budget_s=budget, clock=args.clock,
+                       max_steps=max_steps)
     except ConfigError as e:
         print(f"{err} config: {e}", file=sys.stderr)
         return 2

@@ -58,9 +58,14 @@ def plot_run(metrics_path: Path, out_dir: Path) -> list[Path]:
 
 def plot_comparison(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
                     out_dir: Path, *, target: float, window: int = 10,
-                    delta: float | None = None) -> list[Path]:
+                    delta: float | None = None,
+                    seconds: Mapping[str, Mapping[int, np.ndarray]] | None = None,
+                    clock: str = "measured") -> list[Path]:
     """PNGs: reward vs wall-clock, G over steps, straggler rate and completion length over
-    steps (trailing `window`-step means; one line per run, a colour per policy)."""
+    steps (trailing `window`-step means; one line per run, a colour per policy).
+
+    `seconds[policy][seed]`: cumulative clock per row for the x axis of the reward plot
+    (default: the measured `cumulative_seconds`); `clock` names it on the axis."""
     plt = _pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     colors = {p: plt.get_cmap("tab10")(i % 10) for i, p in enumerate(runs)}
@@ -96,7 +101,9 @@ def plot_comparison(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]
 
     def reward(ax, rows, kw):
         idx, ma = smooth(rows, "reward_mean")
-        ax.plot(cumulative_seconds(rows)[idx], ma, **kw)
+        pol, seed = kw["label"].rsplit(" s", 1)
+        x = cumulative_seconds(rows) if seconds is None else seconds[pol][int(seed)]
+        ax.plot(np.asarray(x)[idx], ma, **kw)
 
     def over_steps(key: str, smooth_it: bool):
         def draw(ax, rows, kw):
@@ -108,9 +115,10 @@ def plot_comparison(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]
                 ax.step(steps, [num(r.get(key)) for r in rows], where="post", **kw)
         return draw
 
+    xlabel = ("modelled accelerator rollout seconds (clock `model`)" if clock == "model"
+              else "training wall-clock (s, cumulative step_s)")
     figure("reward_vs_wallclock.png", f"training reward ({window}-step mean) vs wall-clock; "
-           f"target {target:.2f}", "training wall-clock (s, cumulative step_s)", "reward",
-           reward, runs, hline=target)
+           f"target {target:.2f}", xlabel, "reward", reward, runs, hline=target)
     sagc_only = {p: s for p, s in runs.items() if p == "sagc"} or runs  # static G is flat
     figure("group_size.png", "group size G over steps", "step", "G",
            over_steps("group_size", False), sagc_only)
@@ -119,3 +127,45 @@ def plot_comparison(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]
     figure("completion_length.png", f"mean completion length ({window}-step mean)", "step",
            "tokens", over_steps("len_mean", True), runs)
     return paths
+
+
+def plot_length_tails(traces: Mapping[str, Mapping[int, Path]],
+                      steps: Mapping[str, Mapping[int, int]], path: Path, *, cap: int,
+                      first: int = 5) -> Path | None:
+    """Completion-length histograms (log density) per policy: the first `first` steps of every
+    seed against its last `first` steps (of `steps[policy][seed]`, e.g. within a budget),
+    pooled over seeds, from each run's `trace.jsonl`. One panel per policy; dotted: `cap`."""
+    from sagc_jax.experiments.budget import length_samples, tail_stats
+
+    pols = [p for p in traces if any(Path(t).is_file() for t in traces[p].values())]
+    if not pols:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(pols), figsize=(4.2 * len(pols), 3.8), squeeze=False,
+                             sharey=True)
+    bins = np.arange(0, cap + 9, 8)
+    for ax, pol in zip(axes[0], pols):
+        for label, pick, color in (("early", lambda n: (1, first), "tab:red"),
+                                   ("late", lambda n: (n - first + 1, n), "tab:blue")):
+            parts = [length_samples(t, pick(steps[pol][s])) for s, t in traces[pol].items()
+                     if Path(t).is_file() and steps[pol][s] > 0]
+            lens = np.concatenate([a for a, _ in parts]) if parts else np.zeros(0, int)
+            trunc = np.concatenate([b for _, b in parts]) if parts else np.zeros(0, bool)
+            if not len(lens):
+                continue
+            st = tail_stats(lens, trunc)
+            ax.hist(lens, bins=bins, histtype="step", lw=1.6, density=True, color=color,
+                    label=f"{label} {first} steps: med {st['median']:.0f}, p99 {st['p99']:.0f},"
+                          f" trunc {st['truncated']:.1%}")
+        ax.axvline(cap, ls=":", c="k", lw=1)
+        ax.set_yscale("log")
+        ax.set_title(pol)
+        ax.set_xlabel("completion length (tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5)
+    axes[0][0].set_ylabel("density (log)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

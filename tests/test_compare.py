@@ -27,6 +27,17 @@ from sagc_jax.experiments import (
     summarize_run,
     time_to_target,
 )
+from sagc_jax.experiments.budget import (
+    TimeModel,
+    checkpoint_at_or_before,
+    cumulative_clock,
+    cut_at_budget,
+    length_samples,
+    parse_max_steps,
+    resolve_budget,
+    step_clock,
+    tail_stats,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,6 +90,56 @@ def test_summarize_run_windows():
     assert s["steps_to_target"] == 15 and s["time_to_target_s"] == pytest.approx(7.5)
 
 
+def test_budget_clocks_and_cut():
+    tm = TimeModel(prefill_a=1.0, prefill_b=0.1, decode_a=0.5, decode_b=0.01)
+    row = {"step": 1, "rows": 10, "decode_steps": 4, "step_s": 9.0, "eval_s": 2.0}
+    assert step_clock(row, "model", tm) == pytest.approx(1.0 + 1.0 + 4 * (0.5 + 0.1))
+    assert step_clock(row, "measured") == pytest.approx(7.0)
+    with pytest.raises(ValueError, match="clock"):
+        step_clock(row, "wall")
+    # Longer decodes (a straggler tail) cost more on the model clock; rows barely matter.
+    rows = [{"step": i + 1, "rows": 16, "decode_steps": d, "step_s": 1.0}
+            for i, d in enumerate([32, 96, 32, 96])]
+    secs = cumulative_clock(rows, "model")
+    assert secs[1] - secs[0] > 2.5 * (secs[0])
+    assert cut_at_budget(rows, secs[2], "model") == 3  # the step ending at the budget counts
+    assert cut_at_budget(rows, secs[2] - 1e-9, "model") == 2
+    assert cut_at_budget(rows, 0.0, "model") == 0
+    big = [{**r, "rows": 64} for r in rows]
+    assert cumulative_clock(big, "model")[-1] < 1.1 * secs[-1]
+    assert resolve_budget("auto", [5.0, 3.0, float("nan")]) == 3.0
+    assert resolve_budget(None, [1.0]) is None and resolve_budget("2.5", []) == 2.5
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(ValueError, match="budget"):
+            resolve_budget(bad, [])
+    assert parse_max_steps("static-4=40, SAGC=30") == {"static-4": 40, "sagc": 30}
+    assert parse_max_steps(None) == {}
+    for bad in ("static-4", "static-4=0", "sagc=x"):
+        with pytest.raises(ValueError, match="max-steps"):
+            parse_max_steps(bad)
+    # time-to-target and totals on the given clock; measured seconds are kept beside them.
+    rr = _rows([0.0, 1.0, 1.0], step_s=2.0)
+    s = summarize_run(rr, target=0.5, window=1, seconds=[10.0, 20.0, 30.0])
+    assert s["time_to_target_s"] == 20.0 and s["total_s"] == 30.0 and s["measured_s"] == 6.0
+
+
+def test_checkpoint_at_or_before_and_length_samples(tmp_path):
+    for k in (5, 10, 15):
+        (tmp_path / "checkpoints" / str(k)).mkdir(parents=True)
+    (tmp_path / "checkpoints" / "initial").mkdir()
+    assert checkpoint_at_or_before(tmp_path, 12).name == "10"
+    assert checkpoint_at_or_before(tmp_path, 15).name == "15"
+    assert checkpoint_at_or_before(tmp_path, 4) is None
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"step": i, "groups": [
+        {"lengths": [10, 12 * i], "truncated": [False, i == 3]}]}) + "\n" for i in (1, 2, 3)))
+    lens, trunc = length_samples(trace, (2, 3))
+    assert lens.tolist() == [10, 24, 10, 36] and trunc.tolist() == [False, False, False, True]
+    st = tail_stats(lens, trunc)
+    assert st["median"] == 17.0 and st["truncated"] == 0.25 and st["p99"] > 35
+    assert math.isnan(tail_stats(np.zeros(0), np.zeros(0, bool))["median"])
+
+
 def test_spread_and_aggregate_ignore_not_reached():
     s = spread([1.0, 3.0, None])
     assert s["n"] == 2 and s["of"] == 3
@@ -124,6 +185,7 @@ TINY = [
     "sagc.initial_group_size=2", "sagc.warmup_steps=1", "sagc.timing=model",
     "sampling.max_new_tokens=32", "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8",
     "init.sft_steps=4", "init.sft_batch_size=8", "run.steps=3", "run.plots=false",
+    "checkpoint.every=1", "checkpoint.keep=5",
 ]
 
 
@@ -179,6 +241,24 @@ def test_compare_end_to_end(tmp_path, capsys):
     assert log.count("final checkpoint exists, skipped") == 2
     assert "held-out accuracy" not in log  # cached eval.json
     assert json.loads((out / "results.json").read_text())["meta"]["target"] == 0.5
+
+    # Equal budget on the model clock: every run is read up to the smallest total, and its
+    # held-out accuracy comes from its newest checkpoint within the budget.
+    assert main([*argv, "--summarize-only", "--budget-s", "auto", "--clock", "model"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    meta = res["meta"]
+    assert meta["clock"] == "model" and meta["seeds"] == [0] and meta["delta"] > 0
+    budget = meta["budget_s"]
+    totals = {p: res["runs"][p]["0"]["total_s"] for p in ("static-2", "sagc")}
+    assert all(t <= budget + 1e-9 for t in totals.values())
+    assert min(totals.values()) == pytest.approx(budget)
+    for pol in ("static-2", "sagc"):
+        run = res["runs"][pol]["0"]
+        assert run["eval_step"] <= run["steps"] and run["measured_s"] > 0
+        assert set(res["policies"][pol]["time_to_target_s"]) >= {"n", "of", "mean"}
+        assert set(res["policies"][pol]["straggler_rate"]) >= {"n", "of", "mean"}
+    assert (out / "length_distribution.png").stat().st_size > 0
+    assert "Equal wall-clock budget" in (out / "results.md").read_text()
 
 
 def test_compare_bad_input_fails_cleanly(tmp_path, capsys):

@@ -18,6 +18,8 @@ _EXPORTS: dict[str, str] = {
     "check_arith_solution": "tasks",
     "get_task": "tasks",
     "make_arith_examples": "tasks",
+    "RambleSource": "ramble",
+    "verify_ramble": "ramble",
     # readers
     "DataError": "readers",
     "read_examples": "readers",

@@ -267,7 +267,15 @@ TASKS: dict[str, Callable[..., Task]] = {
     "arith_short": lambda **kw: _arith_task(
         "arith_short", **{"min_steps": 1, "max_steps": 3, **kw}
     ),
+    # arith with rambling SFT demonstrations: heavy-tailed completion lengths (ramble.py).
+    "ramble": lambda **kw: _ramble_task(**kw),
 }
+
+
+def _ramble_task(**kw: Any) -> Task:
+    from sagc_jax.data.ramble import ramble_task  # ramble.py imports this module
+
+    return ramble_task(**kw)
 
 
 def get_task(name: str, **options: Any) -> Task:

@@ -21,6 +21,13 @@ Protocol:
   sections, so the first run of each seed keeps its post-SFT params under `<out>/sft/s<seed>/`
   (with a fingerprint of those sections) and later runs of that seed start from them via
   `init.params` instead of re-running SFT. Each run still writes its own `checkpoints/initial`.
+- **Equal wall-clock budgets** (`--budget-s SECONDS|auto`, `--clock model|measured`, see
+  `budget.py`): every run is read up to the same clock budget instead of to its last step;
+  `--max-steps static-4=40,...` gives each policy its own step cap (cheap-clock policies need
+  more steps to spend the budget). The clock is named in results.md/json: `model` = modelled
+  accelerator rollout seconds (deterministic), `measured` = this machine's real clock; the
+  real CPU seconds are reported beside a `model` budget too. Without `--budget-s` the
+  comparison is the step budget above.
 - **Resumable.** Run directories are `<out>/<policy>-s<seed>`. A run whose final checkpoint
   exists is skipped; a partial one resumes from its checkpoint. Evaluations are cached in
   `<run>/eval.json`.
@@ -36,12 +43,19 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sagc_jax.experiments.budget import (
+    CLOCKS,
+    TimeModel,
+    cumulative_clock,
+    cut_at_budget,
+    resolve_budget,
+)
 from sagc_jax.experiments.policies import Policy, run_name
 from sagc_jax.experiments.report import format_results_md
 from sagc_jax.experiments.runs import TIMING_FILE, eval_run, train_run
@@ -62,24 +76,36 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
                    policies: Sequence[Policy], overrides: Sequence[str] = (),
                    target: float | None = None, window: int = 10, num_samples: int = 0,
                    eval_limit: int | None = None, eval_batch: int = 50,
-                   train: bool = True, share_sft: bool = True) -> dict[str, Any]:
+                   train: bool = True, share_sft: bool = True,
+                   budget_s: float | str | None = None, clock: str = "measured",
+                   max_steps: Mapping[str, int] | None = None) -> dict[str, Any]:
     """Trains every policy x seed (seed-major, so an interrupted comparison has whole seeds),
     evaluates, and writes results.md / results.json / plots under `out_dir`.
 
     `target=None` picks `auto_target` (80 % of the way from the initial to the best final
-    reward). `train=False` only re-summarises existing run directories. Returns results.json.
+    reward). `train=False` only re-summarises existing run directories. `budget_s` (seconds on
+    `clock`, or "auto") reads every run up to the same budget; `max_steps` maps a policy name
+    to its own `run.steps` cap. Returns results.json.
     """
     from sagc_jax.config import load_config
     from sagc_jax.metrics import read_jsonl
-    from sagc_jax.plots import plot_comparison
+    from sagc_jax.plots import plot_comparison, plot_length_tails
 
     t_start = time.perf_counter()
     out = Path(out_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     common = [*overrides, "run.eval_every=0"]
 
+    if clock not in CLOCKS:
+        raise ValueError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    caps = dict(max_steps or {})
+    unknown = set(caps) - {p.name for p in policies}
+    if unknown:
+        raise ValueError(f"--max-steps names {', '.join(sorted(unknown))}, not among the policies")
+
     def cfg_for(pol: Policy, seed: int) -> Any:
-        return load_config(config, [*common, *pol.overrides(), f"run.seed={seed}",
+        cap = [f"run.steps={caps[pol.name]}"] if pol.name in caps else []
+        return load_config(config, [*common, *pol.overrides(), *cap, f"run.seed={seed}",
                                     f"run.dir={out / run_name(pol, seed)}"])
 
     cfgs = {(p.name, s): cfg_for(p, s) for s in seeds for p in policies}  # validate all first
@@ -93,15 +119,26 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
             else:
                 tp = Path(cfg.run.dir) / TIMING_FILE
                 timings[(pol.name, seed)] = json.loads(tp.read_text()) if tp.is_file() else {}
+    rows = {p.name: {s: read_jsonl(Path(cfgs[(p.name, s)].run.dir) / "metrics.jsonl")
+                     for s in seeds} for p in policies}
+    tms = {k: TimeModel.from_sagc(c.sagc) for k, c in cfgs.items()}
+    clocks = {p.name: {s: cumulative_clock(rows[p.name][s], clock, tms[(p.name, s)])
+                       for s in seeds} for p in policies}
+    budget = resolve_budget(budget_s, [c[-1] if len(c) else math.nan
+                                       for sd in clocks.values() for c in sd.values()])
+    if budget is not None:
+        for p in policies:
+            for s in seeds:
+                n = cut_at_budget(rows[p.name][s], budget, clock, tms[(p.name, s)])
+                rows[p.name][s], clocks[p.name][s] = rows[p.name][s][:n], clocks[p.name][s][:n]
     evals: dict[tuple[str, int], dict[str, Any]] = {}
     for seed in seeds:
         for pol in policies:
+            rs = rows[pol.name][seed]
             evals[(pol.name, seed)] = eval_run(
                 Path(cfgs[(pol.name, seed)].run.dir), num_samples=num_samples, limit=eval_limit,
-                batch_prompts=eval_batch)
-
-    rows = {p.name: {s: read_jsonl(Path(cfgs[(p.name, s)].run.dir) / "metrics.jsonl")
-                     for s in seeds} for p in policies}
+                batch_prompts=eval_batch,
+                at_step=int(rs[-1]["step"]) if budget is not None and rs else None)
     target_note = "fixed by --target"
     if target is None:
         first = [float(np.mean([num(r["reward_mean"]) for r in rs[:window]]))
@@ -114,7 +151,9 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
     per_run: dict[str, dict[int, dict[str, Any]]] = {}
     for p in policies:
         for s in seeds:
-            summ = summarize_run(rows[p.name][s], target=target, window=window)
+            summ = summarize_run(rows[p.name][s], target=target, window=window,
+                                 seconds=clocks[p.name][s])
+            summ["eval_step"] = evals[(p.name, s)].get("step")
             summ["eval_accuracy"] = evals[(p.name, s)].get("accuracy")
             if num_samples:
                 summ[f"pass@{num_samples}"] = evals[(p.name, s)].get(f"pass@{num_samples}")
@@ -143,11 +182,21 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
         "sft_note": (f"{np.mean(sft_times):.0f}s per seed, run once per seed and shared"
                      if sft_times else "no time in this invocation: restored or skipped"),
         "machine": _machine(), "elapsed_s": time.perf_counter() - t_start,
+        "clock": clock, "budget_s": budget,
+        "budget_note": ("none: every run read to its last step" if budget is None else
+                        f"{budget:.1f} s on the `{clock}` clock"
+                        + (" (auto: the smallest run total)" if budget_s == "auto" else "")),
+        "max_steps": caps, "lr_schedule": base.optim.schedule,
     }
     result = {"meta": meta, "policies": agg, "runs": per_run}
     (out / "results.json").write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
     (out / "results.md").write_text(format_results_md(agg, meta))
-    plot_comparison(rows, out, target=target, window=window, delta=sagc_cfg.sagc.delta)
+    plot_comparison(rows, out, target=target, window=window, delta=sagc_cfg.sagc.delta,
+                    seconds=clocks, clock=clock)
+    plot_length_tails({p: {s: Path(cfgs[(p, s)].run.dir) / "trace.jsonl" for s in seeds}
+                       for p in rows}, {p: {s: len(rs) for s, rs in sd.items()}
+                                        for p, sd in rows.items()},
+                      out / "length_distribution.png", cap=base.sampling.max_new_tokens)
     logger.info("compare: wrote %s, results.json and plots (%.1f min)", out / "results.md",
                 meta["elapsed_s"] / 60)
     return result

@@ -25,7 +25,7 @@ def format_results_md(agg: Mapping[str, Mapping[str, Any]], meta: Mapping[str, A
     lines = [
         "# SAGC vs static group sizes", "",
         f"Config `{meta['config']}`{meta.get('overrides_note', '')}; task `{meta['task']}`; "
-        f"{meta['steps']} GRPO steps x {meta['prompts_per_step']} prompts per step "
+        f"{meta['steps']} GRPO steps (cap) x {meta['prompts_per_step']} prompts per step "
         f"(batch policy `{meta['batch_policy']}`); seeds {meta['seeds']}; "
         f"SAGC timing `{meta['sagc_timing']}`, delta {meta['delta']}, rungs {meta['rungs']}.",
         "",
@@ -44,13 +44,9 @@ def format_results_md(agg: Mapping[str, Mapping[str, Any]], meta: Mapping[str, A
         f"time-to-target is the training wall-clock at that step (mean over the seeds that "
         f"reached it).",
         "",
-        "- **Why a step budget, not a wall-clock budget:** every policy sees the same prompts in "
-        "the same order (same seeds, same prompts per step, same number of steps), so the "
-        "comparison differs only in G. Wall-clock is measured and reported as it came out, "
-        "on a machine that may be shared: read it relative to the other policies of the same "
-        "comparison.",
-        "- **Wall-clock** = sum of `step_s` (rollout + rewards + update; in-training eval time "
-        "excluded). The SFT warm start is identical across policies and not counted "
+        _budget_line(meta),
+        "- **Wall-clock** = " + _clock_words(meta.get("clock", "measured")) + " The SFT warm "
+        "start is identical across policies and not counted "
         f"(it took {meta['sft_note']}); compile warm-up is in its own column (static runs "
         "compile one G, SAGC every rung).",
         f"- **Straggler rate** = mean over steps of the fraction of groups with a straggler "
@@ -58,7 +54,8 @@ def format_results_md(agg: Mapping[str, Mapping[str, Any]], meta: Mapping[str, A
         "`reward_mean` over the last 10 steps. **Completion length** = mean over the last 20 "
         "steps. **Mean G** over all steps.",
         f"- **Held-out accuracy** = greedy accuracy on {meta['eval_prompts']} held-out "
-        "problems at the final checkpoint (`sagc_jax.evaluate`"
+        "problems at the final checkpoint (within the budget: the newest one at or before "
+        "the cut; `sagc_jax.evaluate`"
         + (f", pass@{meta['num_samples']} in results.json" if meta["num_samples"] else "")
         + ").",
         "",
@@ -66,7 +63,38 @@ def format_results_md(agg: Mapping[str, Mapping[str, Any]], meta: Mapping[str, A
         f"and evals, this invocation): {meta['elapsed_s'] / 60:.1f} min.",
         "",
         "Plots: `reward_vs_wallclock.png`, `group_size.png`, `straggler_rate.png`, "
-        "`completion_length.png`.",
+        "`completion_length.png`, `length_distribution.png` (first vs last 5 steps).",
         "",
     ]
     return "\n".join(lines)
+
+
+def _clock_words(clock: str) -> str:
+    if clock == "model":
+        return ("**modelled accelerator rollout seconds** (clock `model`: prefill + decode "
+                "steps x the linear per-step time of `sagc.model_*`, deterministic; the update "
+                "is not modelled). The column 'measured CPU wall-clock' is this machine's real "
+                "clock (sum of `step_s`) for the same steps.")
+    return ("sum of `step_s` (clock `measured`: rollout + rewards + update; in-training eval "
+            "time excluded).")
+
+
+def _budget_line(meta: Mapping[str, Any]) -> str:
+    if meta.get("budget_s") is None:
+        return ("- **Why a step budget, not a wall-clock budget:** every policy sees the same "
+                "prompts in the same order (same seeds, same prompts per step, same number of "
+                "steps), so the comparison differs only in G. Wall-clock is measured and "
+                "reported as it came out, on a machine that may be shared: read it relative to "
+                "the other policies of the same comparison.")
+    caps = meta.get("max_steps") or {}
+    return (f"- **Equal wall-clock budget:** every run is read up to {meta['budget_note']}: "
+            "its last step whose cumulative clock is within the budget (all columns, plots "
+            "and the held-out checkpoint). Runs trained to a step cap"
+            + (f" ({', '.join(f'{k} {v}' for k, v in caps.items())})" if caps else "")
+            + f" and were cut afterwards; the learning-rate schedule is "
+            f"`{meta.get('lr_schedule')}`"
+            + (" after warm-up, so a cut run equals a run stopped at the budget."
+               if meta.get("lr_schedule") == "constant" else
+               " (not constant: a cut run saw a schedule planned for its cap).")
+            + " Same seeds and prompt order for every policy; a policy whose steps are cheaper "
+            "on the clock trains more steps.")

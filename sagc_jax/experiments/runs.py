@@ -94,20 +94,28 @@ def train_run(cfg: Any, sft_cache: Path | None) -> dict[str, Any]:
 
 
 def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
-             batch_prompts: int) -> dict[str, Any]:
-    """Greedy accuracy (and pass@k with num_samples > 0) of a run's newest checkpoint on the
-    run config's held-out split; cached in `<run>/eval.json` per checkpoint step."""
+             batch_prompts: int, at_step: int | None = None) -> dict[str, Any]:
+    """Greedy accuracy (and pass@k with num_samples > 0) of a run's newest checkpoint — or,
+    with `at_step`, its newest checkpoint at or before that step (a wall-clock budget's cut) —
+    on the run config's held-out split; cached in `<run>/eval.json` per checkpoint step."""
     from sagc_jax.evaluate import evaluate, load_eval_examples, load_policy, resolve_checkpoint
+    from sagc_jax.experiments.budget import checkpoint_at_or_before
     from sagc_jax.rl.rewards import build_reward_fns
 
-    src = resolve_checkpoint(run_dir)
+    ckpt: Path = run_dir
+    if at_step is not None:
+        found = checkpoint_at_or_before(run_dir, at_step)
+        if found is None:
+            raise FileNotFoundError(f"{run_dir}: no checkpoint at or before step {at_step}")
+        ckpt = found
+    src = resolve_checkpoint(ckpt)
     path = run_dir / EVAL_FILE
     key = {"step": src.step, "num_samples": num_samples, "limit": limit}
     if path.is_file():
         old = json.loads(path.read_text())
         if {k: old.get(k) for k in key} == key:
             return old
-    model, tok, cfg = load_policy(run_dir)
+    model, tok, cfg = load_policy(ckpt)
     assert cfg is not None
     examples, _ = load_eval_examples(None, cfg, limit=limit)
     s = cfg.sampling

@@ -12,10 +12,14 @@ import numpy as np
 from sagc_jax.metrics import moving_average
 
 # Table columns: (key in a run summary, header, number format).
+# `time_to_target_s` and `total_s` are on the comparison's clock (`--clock`, see budget.py);
+# `measured_s` is always this machine's real clock.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("time_to_target_s", "wall-clock to target (s)", "{:.0f}"),
     ("steps_to_target", "steps to target", "{:.0f}"),
     ("total_s", "total wall-clock (s)", "{:.0f}"),
+    ("steps", "steps", "{:.0f}"),
+    ("measured_s", "measured CPU wall-clock (s)", "{:.0f}"),
     ("straggler_rate", "straggler rate", "{:.3f}"),
     ("final_reward", "final train reward", "{:.3f}"),
     ("eval_accuracy", "held-out accuracy", "{:.3f}"),
@@ -45,18 +49,22 @@ def cumulative_seconds(rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
 
 
 def time_to_target(rows: Sequence[Mapping[str, Any]], target: float, window: int = 10,
-                   key: str = "reward_mean") -> tuple[int | None, float | None]:
+                   key: str = "reward_mean", seconds: Sequence[float] | None = None
+                   ) -> tuple[int | None, float | None]:
     """First step whose trailing `window`-step mean of `key` is >= `target`.
 
     Returns `(step, seconds)`: the step number (the row's `step`) and the cumulative training
-    wall-clock (s) at the end of that step; `(None, None)` when the target is never reached.
+    wall-clock (s) at the end of that step — `seconds[i]` when given (another clock, e.g.
+    `budget.cumulative_clock`), else `cumulative_seconds(rows)`; `(None, None)` when the target
+    is never reached.
     """
     ma = moving_average([num(r.get(key)) for r in rows], window)
     hit = np.flatnonzero(ma >= target)
     if len(hit) == 0:
         return None, None
     i = int(hit[0]) + window - 1
-    return int(rows[i]["step"]), float(cumulative_seconds(rows)[i])
+    secs = cumulative_seconds(rows) if seconds is None else np.asarray(seconds, dtype=float)
+    return int(rows[i]["step"]), float(secs[i])
 
 
 def _tail_mean(rows: Sequence[Mapping[str, Any]], key: str, n: int) -> float:
@@ -66,22 +74,27 @@ def _tail_mean(rows: Sequence[Mapping[str, Any]], key: str, n: int) -> float:
 
 
 def summarize_run(rows: Sequence[Mapping[str, Any]], *, target: float, window: int = 10,
-                  final_window: int = 10, len_window: int = 20) -> dict[str, Any]:
+                  final_window: int = 10, len_window: int = 20,
+                  seconds: Sequence[float] | None = None) -> dict[str, Any]:
     """Headline numbers of one run from its metrics rows.
 
+    `seconds`: cumulative clock seconds per row (default: the measured `cumulative_seconds`).
+
     - `time_to_target_s` (s) / `steps_to_target`: see `time_to_target` (None = not reached);
-    - `total_s` (s): sum of `step_seconds`;
+    - `total_s` (s): the clock at the last row; `measured_s` (s): sum of `step_seconds`;
     - `straggler_rate`: mean per-step fraction of groups with a straggler event;
     - `final_reward`: mean `reward_mean` over the last `final_window` steps;
     - `len_mean` (tokens): mean completion length over the last `len_window` steps;
     - `mean_group_size`: mean G over all steps; `steps`: number of rows.
     """
-    step, secs = time_to_target(rows, target, window)
+    step, secs = time_to_target(rows, target, window, seconds=seconds)
+    measured = float(cumulative_seconds(rows)[-1]) if rows else math.nan
     return {
         "steps": len(rows),
         "time_to_target_s": secs,
         "steps_to_target": step,
-        "total_s": float(cumulative_seconds(rows)[-1]) if rows else math.nan,
+        "total_s": (measured if seconds is None else float(seconds[-1])) if rows else math.nan,
+        "measured_s": measured,
         "straggler_rate": _tail_mean(rows, "straggler_rate", len(rows)),
         "final_reward": _tail_mean(rows, "reward_mean", final_window),
         "len_mean": _tail_mean(rows, "len_mean", len_window),
