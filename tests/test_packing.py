@@ -159,8 +159,8 @@ def _packed(graphdef, params, batch, settings, opt, steps, *, mesh_shape=(1, 1, 
 
 def _assert_same(pa, ma, pb, mb, atol=1e-5):
     for x, y in zip(ma, mb):
-        for k in ("loss", "pg_loss", "kl", "clip_ratio", "ratio_mean", "grad_norm", "entropy", "frac_reward_zero_std",
-                  "adv_abs_mean", "loss_tokens"):
+        for k in ("loss", "pg_loss", "kl", "clip_ratio", "ratio_mean", "grad_norm", "entropy",
+                  "frac_reward_zero_std", "adv_abs_mean", "loss_tokens"):
             assert x[k] == pytest.approx(y[k], abs=atol, rel=1e-5), k
     for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=1e-5)
@@ -199,7 +199,7 @@ def test_packed_update_equals_unpacked_with_algo_options():
     pu, mu = _unpacked(graphdef, params, batch, settings, opt, steps=2)
     pp, mp, plan, _ = _packed(graphdef, params, batch, settings, opt, steps=2)
     assert len(plan.chunks) > 2
-    assert 0 < mu[0]["entropy"] and 0 <= mu[0]["frac_reward_zero_std"] <= 1
+    assert mu[0]["entropy"] > 0 and 0 <= mu[0]["frac_reward_zero_std"] <= 1
     _assert_same(pu, mu, pp, mp)
 
 
