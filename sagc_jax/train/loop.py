@@ -120,19 +120,20 @@ def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> str:
                               "run.resume=never; choose another run.dir")
     if run.hosts.is_main:
         save_config(cfg, run.run_dir / "config.yaml")
-    beta = cfg.algo.beta
+    copy_ref = cfg.algo.beta > 0 and cfg.model.lora is None
     if restored is None:
         t0 = time.perf_counter()
         how = _fresh_params(run, check)
         run.timing["sft_s"] = time.perf_counter() - t0
-        # The reference must survive donation of the params in the train step.
-        run.learner.ref_params = copy_params(run.state.params) if beta > 0 else None
+        # The reference must survive donation of the params in the train step. With LoRA it is
+        # the frozen base itself (adapters off): no copy (`Learner.reference`).
+        run.learner.ref_params = copy_params(run.state.params) if copy_ref else None
         run.writer.resume_from(0)
         return how
     run.state.params, run.state.opt_state = restored.params, restored.opt_state
     run.state.step = restored.step
     run.policy.load_state(restored.sagc)
-    if beta > 0:
+    if copy_ref:  # with LoRA the reference is the restored base: checkpoints/initial unread
         run.learner.ref_params = run.ckpt.restore_initial(run.state.params)
     run.writer.resume_from(run.state.step)
     return f"resumed from step {run.state.step}"
