@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 # Stacked weights of models/llama.py an adapter may target (HF module names).
@@ -108,14 +109,32 @@ def trainable(params: Any) -> Any:
     return split_trainable(params)[0]
 
 
-def disable_adapters(params: Any) -> Any:
-    """`params` with every adapter (A and B) set to zero, same shardings: the base model
-    exactly, sharing the base's arrays. Identity for a model without adapters."""
+def adapter_zeros(params: Any) -> Any:
+    """Zeros shaped and placed like `params`' adapters (an `nnx.State`; empty without any).
+    Built on the host: no compile, so none shows up after the warm-up."""
+    lora = nnx.split_state(params, nnx.LoRAParam, ...)[0]
+    return jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype), x.sharding), lora)
+
+
+def disable_adapters(params: Any, zeros: Any = None) -> Any:
+    """`params` with every adapter (A and B) set to zero (`zeros`: from `adapter_zeros`, made
+    when None): the base model exactly, sharing the base's arrays. Identity for a model without
+    adapters."""
     lora, rest = nnx.split_state(params, nnx.LoRAParam, ...)
     if not jax.tree.leaves(lora):
         return params
-    zeros = jax.tree.map(lambda x: jax.device_put(jnp.zeros(x.shape, x.dtype), x.sharding), lora)
-    return nnx.merge_state(zeros, rest)
+    return nnx.merge_state(adapter_zeros(params) if zeros is None else zeros, rest)
+
+
+def checkpointed(params: Any) -> Any:
+    """What a run checkpoint stores of `params`: the adapters when the model has them (the
+    frozen base is rebuilt from its source), else every param."""
+    return nnx.split_state(params, nnx.LoRAParam, ...)[0] if has_lora(params) else params
+
+
+def with_base(adapters: Any, params: Any) -> Any:
+    """`params` (any state of the same model: its base is kept) with `adapters` put in."""
+    return nnx.merge_state(adapters, nnx.split_state(params, nnx.LoRAParam, ...)[1])
 
 
 def lora_scale(cfg: Any) -> float:

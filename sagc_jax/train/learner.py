@@ -15,7 +15,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from sagc_jax.models.lora import disable_adapters
+from sagc_jax.models.lora import adapter_zeros, disable_adapters
 from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.batch import TrainBatch
 from sagc_jax.rl.packing import pack_batch
@@ -165,10 +165,15 @@ class Learner:
         self.packed = packed
         self.pad_id = pad_id
         self.ref_params: Any = None
+        self._adapter_zeros: Any = None
 
     def reference(self, params: Any) -> Any:
         """The KL reference's params for the policy `params` (read before they are donated)."""
-        return self.ref_params if self.ref_params is not None else disable_adapters(params)
+        if self.ref_params is not None:
+            return self.ref_params
+        if self._adapter_zeros is None:  # made once: adapter-sized, on the adapters' devices
+            self._adapter_zeros = adapter_zeros(params)
+        return disable_adapters(params, self._adapter_zeros)
 
     @property
     def needs_logprobs(self) -> bool:
