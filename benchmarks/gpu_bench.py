@@ -222,7 +222,7 @@ def run_sagc(*, steps: int, smoke: bool, run_dir: str) -> dict[str, Any]:
                       "model.num_layers=2", "model.num_heads=2", "model.num_kv_heads=1",
                       "data.task=arith_short", "data.prompts_per_step=2",
                       "sagc.group_sizes=[2,4]", "sagc.initial_group_size=2",
-                      "sampling.max_new_tokens=8", "sampling.prompt_buckets=[16]",
+                      "sampling.max_new_tokens=8", "sampling.prompt_buckets=[32]",
                       "sampling.decode_chunk=8", "init.sft_steps=0"]
     else:
         overrides += ["init.sft_steps=200", "model.dtype=bfloat16"]
