@@ -201,6 +201,10 @@ def test_lora_run_trains_adapters_only_with_zero_compiles(lora_run, tmp_path):
     for k, v in loaded.items():
         np.testing.assert_array_equal(v, last[k] if k in last else initial[k], err_msg=str(k))
     export(lora_run, tmp_path / "hf")
+    export(lora_run, tmp_path / "peft", fmt="peft")  # adapters only, for the run's model.path
+    conf = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert conf["r"] == 4 and conf["lora_alpha"] == 8.0 and conf["base_model_name_or_path"] is None
+    assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
     ids = IDS % model.cfg.vocab_size
     np.testing.assert_allclose(hf_logits(load_hf(tmp_path / "hf"), ids), np.asarray(model(ids)),
                                rtol=0, atol=1e-4)
