@@ -326,3 +326,41 @@ def test_optimizer_clips_global_norm(max_norm):
     norm = float(optax.tree.norm(mu)) / (1 - 0.9)
     np.testing.assert_allclose(norm, 1.0 if max_norm else np.sqrt(700), rtol=1e-5)
     assert float(optax.tree.norm(updates)) > 0
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_off_policy_sequence_masking(agg):
+    """DeepSeek-V3.2's mask: a negative-advantage sequence whose mean log(π_old/π) exceeds δ
+    loses its policy-gradient term (its KL stays); every other sequence is untouched."""
+    logp, old, ref, _, mask, _ = _inputs(seed=5)
+    adv = np.array([-1.0, -0.5, 0.8, -1.2, -0.3, 0.6], np.float32)
+    lens = mask.sum(-1)
+    drift = (np.where(mask > 0, old - logp, 0.0)).sum(-1) / np.maximum(lens, 1)
+    neg = (adv < 0) & (lens > 0)
+    d = np.sort(drift[neg])
+    delta = float(d[0] + d[1]) / 2  # masks some negative rows, keeps others
+    off = (adv < 0) & (drift > delta)
+    assert off.any() and (neg & ~off).any()
+
+    def f(lp, thr):
+        return policy_loss(lp, old, adv, mask, epsilon=EPS, epsilon_high=EPS_HIGH,
+                           loss_agg=agg, ref_logprobs=ref, beta=BETA, off_policy_threshold=thr,
+                           norms=loss_norms(mask, mask.shape[0]), max_tokens=MAX_TOK)
+
+    (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp), delta)
+    keep = np.repeat((~off)[:, None], mask.shape[1], 1).astype(np.float64)
+
+    def ref_fn(lp):
+        return _np_objective(lp, old, ref, adv, mask, agg=agg, level="token", kl="k3",
+                             delta=None, ent_keep=keep)
+
+    np.testing.assert_allclose(float(loss), ref_fn(logp), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grad), _fd_grad(ref_fn, logp, mask), rtol=2e-4,
+                               atol=2e-6)
+    np.testing.assert_allclose(float(metrics["off_policy_masked"]),
+                               (mask * off[:, None]).sum() / mask.sum(), rtol=1e-6)
+    # δ above every drift masks nothing: the loss is the unmasked one.
+    (l_off, m_off), _ = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp), 1e9)
+    (l_none, _), _ = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp), None)
+    assert float(l_off) == pytest.approx(float(l_none)) and float(m_off["off_policy_masked"]) == 0
+    assert float(loss) != pytest.approx(float(l_none))

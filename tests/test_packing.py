@@ -160,7 +160,7 @@ def _packed(graphdef, params, batch, settings, opt, steps, *, mesh_shape=(1, 1, 
 def _assert_same(pa, ma, pb, mb, atol=1e-5):
     for x, y in zip(ma, mb):
         for k in ("loss", "pg_loss", "kl", "clip_ratio", "ratio_mean", "grad_norm", "entropy",
-                  "frac_reward_zero_std", "adv_abs_mean", "loss_tokens"):
+                  "frac_reward_zero_std", "off_policy_masked", "adv_abs_mean", "loss_tokens"):
             assert x[k] == pytest.approx(y[k], abs=atol, rel=1e-5), k
     for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=1e-5)
@@ -191,7 +191,7 @@ def test_packed_update_equals_unpacked_with_algo_options():
     packed path applies each exactly as the unpacked step does."""
     settings = LossSettings(importance_sampling="sequence", scale_rewards="batch", std_ddof=1,
                             clip_delta=3.0, beta=0.04, kl_bias_correction=True,
-                            top_entropy_quantile=0.5, max_tokens=N)
+                            top_entropy_quantile=0.5, off_policy_threshold=0.05, max_tokens=N)
     opt = optax.sgd(1.0)
     graphdef, params = _model()
     batch = _batch(4)

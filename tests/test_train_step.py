@@ -127,7 +127,7 @@ def test_nonfinite_loss_leaves_state_unchanged():
 # advantages with the unbiased std, 80/20 entropy masking, Dr. GRPO aggregation.
 ALL_OPTIONS = dataclasses.replace(
     SETTINGS, importance_sampling="sequence", clip_delta=1.5, kl_bias_correction=True,
-    scale_rewards="batch", std_ddof=1, top_entropy_quantile=0.5,
+    scale_rewards="batch", std_ddof=1, top_entropy_quantile=0.5, off_policy_threshold=0.05,
     loss_agg="seq-mean-token-sum-norm")
 
 
@@ -151,7 +151,8 @@ def test_all_options_accumulate_exactly_over_mu_steps(all_options):
     p_mb, m_mb = _run((1, 1, 1), _all_options_batch(), settings=ALL_OPTIONS, micro_rows=4)
     for x, y in zip(m1, m_mb):
         assert x["finite"] == 1.0
-        for k in ("loss", "grad_norm", "entropy", "clip_ratio", "frac_reward_zero_std", "kl"):
+        for k in ("loss", "grad_norm", "entropy", "clip_ratio", "frac_reward_zero_std", "kl",
+                  "off_policy_masked"):
             assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), k
     assert m1[1]["ratio_mean"] != pytest.approx(1.0, abs=1e-4)  # really off-policy at step 2
     # Adam divides by sqrt(v): f32 summation-order noise in a near-zero gradient entry shows up

@@ -317,7 +317,7 @@ def test_new_algo_options_train(tmp_path):
                      "algo.epsilon_high=4e-4", "algo.clip_delta=1.5", "algo.scale_rewards=batch",
                      "algo.std_ddof=1", "algo.beta=0.01", "algo.kl_bias_correction=true",
                      "algo.top_entropy_quantile=0.2", "algo.micro_batch_rows=8",
-                     "algo.num_iterations=2"])
+                     "algo.off_policy_mask_threshold=0.0", "algo.num_iterations=2"])
     finally:
         sys.path.remove(str(tmp_path))
     assert code == 0
@@ -327,3 +327,4 @@ def test_new_algo_options_train(tmp_path):
         assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
         assert 0 < r["entropy"] < np.inf  # nats
         assert 0 <= r["frac_reward_zero_std"] <= 1 and 0 <= r["clip_ratio"] <= 1
+        assert 0 <= r["off_policy_masked"] <= 1

@@ -284,6 +284,11 @@ class AlgoConfig(Section):
         1.0, "Policy loss only on the top fraction of tokens by entropy (0.2 in the 80/20 "
         "paper); 1 = all.", ge=0, le=1,
     )
+    off_policy_mask_threshold: Float | None = field(
+        None, "Drop the policy-gradient term of negative-advantage sequences whose mean token "
+        "log(pi_old / pi) exceeds this (nats; DeepSeek-V3.2, TRL's off_policy_mask_threshold); "
+        "None = off.", ge=0,
+    )
     micro_batch_rows: Int | None = field(
         None, "Rows per gradient-accumulation micro-batch; None = whole batch.", ge=1
     )

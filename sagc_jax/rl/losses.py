@@ -40,7 +40,7 @@ ImportanceSampling = Literal["token", "sequence"]
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 IMPORTANCE_SAMPLING = ("token", "sequence")
 METRICS = ("pg_loss", "kl", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "ratio_mean",
-           "entropy")
+           "entropy", "off_policy_masked")
 
 
 class LossNorms(NamedTuple):
@@ -143,6 +143,7 @@ def policy_loss(
     kl_bias_correction: bool = False,
     entropy: jax.Array | None = None,
     entropy_min: jax.Array | float | None = None,
+    off_policy_threshold: float | None = None,
     norms: LossNorms | None = None,
     max_tokens: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -170,6 +171,10 @@ def policy_loss(
         entropy: ``f32[R, T]`` token entropies (nats) for the ``entropy`` metric, or None.
         entropy_min: keep the policy-gradient term only on tokens with ``entropy >= entropy_min``
             (:func:`entropy_threshold`); the KL term stays on every token. None = no masking.
+        off_policy_threshold: δ ≥ 0 of off-policy sequence masking (DeepSeek-V3.2, TRL's
+            ``off_policy_mask_threshold``): a sequence with negative advantage whose mean token
+            ``log π_old − log π_θ`` (nats) exceeds δ gets no policy-gradient term (its KL term
+            stays). None = off.
         norms: full-batch :class:`LossNorms`; None → this batch's, with every row counted.
         max_tokens: Dr. GRPO's constant length normaliser (``max_new_tokens``). None → ``T``.
 
@@ -178,7 +183,8 @@ def policy_loss(
         ``norms.tokens``, so they sum over micro-batches): ``pg_loss`` (the surrogate, same
         aggregation as the loss), ``kl``, ``clip_ratio`` (tokens whose surrogate gradient a clip
         zeroes: low, high or δ), ``clip_ratio_low`` / ``clip_ratio_high`` (TRL's definitions),
-        ``ratio_mean`` (mean importance weight), and ``entropy`` when given.
+        ``ratio_mean`` (mean importance weight), ``off_policy_masked`` (fraction of loss tokens
+        in off-policy-masked sequences), and ``entropy`` when given.
     """
     if loss_agg not in LOSS_AGGS:
         raise ValueError(f"policy_loss: loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
@@ -232,6 +238,13 @@ def policy_loss(
     if entropy_min is not None:
         ent_keep = jax.lax.stop_gradient(entropy) >= entropy_min  # NaN threshold → keep none
         pg_tok = jnp.where(ent_keep, pg_tok, 0.0)
+    if off_policy_threshold is not None:
+        drift = jax.lax.stop_gradient(-log_ratio.sum(-1) / jnp.maximum(tok_per_seq, 1.0))  # [R]
+        off = (advantages < 0) & (drift > off_policy_threshold)
+        pg_tok = jnp.where(off[:, None], 0.0, pg_tok)
+        metrics_off = tok_mean(jnp.broadcast_to(off[:, None], m.shape).astype(jnp.float32))
+    else:
+        metrics_off = jnp.zeros((), jnp.float32)
     per_tok = pg_tok
 
     metrics: dict[str, jax.Array] = {}
@@ -253,6 +266,7 @@ def policy_loss(
     metrics["clip_ratio_low"] = tok_mean(low.astype(jnp.float32))
     metrics["clip_ratio_high"] = tok_mean(high.astype(jnp.float32))
     metrics["ratio_mean"] = tok_mean(ratio)
+    metrics["off_policy_masked"] = metrics_off
     metrics["pg_loss"] = agg(pg_tok)
     if entropy is not None:
         metrics["entropy"] = tok_mean(jnp.where(keep, entropy, 0.0))

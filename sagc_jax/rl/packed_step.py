@@ -106,7 +106,8 @@ def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
                 importance_sampling=s.importance_sampling, loss_agg=s.loss_agg,
                 ref_logprobs=seqs["ref_logprobs"] if s.beta > 0 else None, beta=s.beta,
                 kl_estimator=s.kl_estimator, kl_bias_correction=s.kl_bias_correction,
-                entropy=ent, entropy_min=ent_min, norms=norms, max_tokens=s.max_tokens)
+                entropy=ent, entropy_min=ent_min, off_policy_threshold=s.off_policy_threshold,
+                norms=norms, max_tokens=s.max_tokens)
 
         (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(train)
         grads, sums = acc

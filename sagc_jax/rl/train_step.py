@@ -55,6 +55,7 @@ class LossSettings:
     std_ddof: int = 0
     adv_eps: float = DEFAULT_ADV_EPS
     top_entropy_quantile: float = 1.0
+    off_policy_threshold: float | None = None
     temperature: float = 1.0
     max_tokens: int = 128  # Dr. GRPO's constant normaliser (max_new_tokens)
 
@@ -136,8 +137,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             importance_sampling=s.importance_sampling, loss_agg=s.loss_agg,
             ref_logprobs=mb["ref_logprobs"] if s.beta > 0 else None, beta=s.beta,
             kl_estimator=s.kl_estimator, kl_bias_correction=s.kl_bias_correction,
-            entropy=ent, entropy_min=ent_min if mask_entropy else None, norms=norms,
-            max_tokens=s.max_tokens)
+            entropy=ent, entropy_min=ent_min if mask_entropy else None,
+            off_policy_threshold=s.off_policy_threshold, norms=norms, max_tokens=s.max_tokens)
 
     def full_batch_entropy_min(params, split):
         """The entropy threshold over every micro-batch: one extra forward pass, no gradient."""

@@ -40,7 +40,9 @@ def loss_settings(cfg: Any) -> LossSettings:
                         beta=a.beta, kl_estimator=a.kl_estimator,
                         kl_bias_correction=a.kl_bias_correction, scale_rewards=a.scale_rewards,
                         std_ddof=a.std_ddof, adv_eps=a.adv_eps,
-                        top_entropy_quantile=a.top_entropy_quantile, temperature=s.temperature,
+                        top_entropy_quantile=a.top_entropy_quantile,
+                        off_policy_threshold=a.off_policy_mask_threshold,
+                        temperature=s.temperature,
                         max_tokens=s.max_new_tokens)
 
 

@@ -42,7 +42,7 @@ logger = logging.getLogger("sagc_jax.train")
 
 _LOSS_KEYS = ("loss", "pg_loss", "kl", "grad_norm", "clip_ratio", "clip_ratio_low",
               "clip_ratio_high", "ratio_mean", "adv_abs_mean", "entropy", "frac_reward_zero_std",
-              "train_token_util")
+              "off_policy_masked", "train_token_util")
 
 
 def _log(run: Run, msg: str, *args: Any) -> None:
