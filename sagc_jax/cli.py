@@ -309,10 +309,12 @@ def _export(argv: list[str]) -> int:
     from sagc_jax.evaluate import CheckpointPathError
     from sagc_jax.export import export
     from sagc_jax.models.hf import ModelFileError
+    from sagc_jax.models.peft import NoAdaptersError
 
     try:
         dest = export(args.checkpoint, args.out, overwrite=args.force, fmt=args.format)
-    except (CheckpointPathError, FileExistsError, ModelFileError, TokenizerError) as e:
+    except (CheckpointPathError, FileExistsError, ModelFileError, TokenizerError,
+            NoAdaptersError) as e:
         print(f"sagc-jax export: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:

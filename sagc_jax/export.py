@@ -42,7 +42,8 @@ def export(
       CheckpointPathError: `checkpoint` is not loadable (see `load_policy`).
       FileExistsError: `out` is the checkpoint itself, an existing file, or a directory that is
         not empty (unless `overwrite`).
-      ValueError: `fmt="peft"` for a policy without LoRA adapters, or an unknown `fmt`.
+      NoAdaptersError: `fmt="peft"` for a policy without LoRA adapters.
+      ValueError: an unknown `fmt`.
     """
     if fmt not in ("merged", "peft"):
         raise ValueError(f"export format must be 'merged' or 'peft', got {fmt!r}")

@@ -20,6 +20,7 @@ import pytest
 from flax import nnx
 from hf_fixtures import hf_logits, load_hf, tiny_hf_dir  # noqa: F401  (session fixture)
 
+from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, config_from_dict
 from sagc_jax.evaluate import load_policy
 from sagc_jax.export import export
@@ -141,6 +142,16 @@ def test_merged_and_peft_exports_match_transformers(tiny_hf_dir, tmp_path):  # n
     assert conf["r"] == 4 and conf["base_model_name_or_path"] == str(base_dir)
     with_adapter = peft.PeftModel.from_pretrained(load_hf(base_dir), tmp_path / "peft").eval()
     np.testing.assert_allclose(hf_logits(with_adapter, ids), ours, rtol=0, atol=1e-4)
+
+
+def test_peft_export_of_a_model_without_adapters_is_a_bad_input(tiny_hf_dir, tmp_path,  # noqa: F811
+                                                                 capsys):
+    hf_dir = tiny_hf_dir("llama")
+    capsys.readouterr()  # the fixture's own output (transformers' progress bar)
+    rc = main(["export", "--checkpoint", str(hf_dir), "--out", str(tmp_path / "x"), "--format",
+               "peft"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "no LoRA adapters" in err, err
 
 
 # ---- the main job with LoRA: learns nothing wrong, resumes exactly ---------------------------

@@ -21,6 +21,11 @@ from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.hf import _to_host
 from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
 
+
+class NoAdaptersError(ValueError):
+    """A PEFT export was asked of a policy that has no LoRA adapters (bad input: exit 2)."""
+
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _MODULE = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
@@ -45,12 +50,12 @@ def save_peft_adapter(model: Any, path: str | os.PathLike, *,
 
     `base_model` is recorded as `base_model_name_or_path` (the HF dir the adapters go onto).
     Sharded adapters are gathered; with several processes only process 0 writes.
-    Raises ValueError when the model has no adapters.
+    Raises NoAdaptersError when the model has no adapters.
     """
     cfg: ModelConfig = model.cfg
     if not cfg.lora_rank:
-        raise ValueError("save_peft_adapter: the model has no LoRA adapters (model.lora unset); "
-                         "export merged weights instead")
+        raise NoAdaptersError("--format peft: the policy has no LoRA adapters (model.lora "
+                              "unset); export merged weights instead")
     layers = nnx.to_pure_dict(nnx.state(model.layers, nnx.LoRAParam))
     tensors: dict[str, np.ndarray] = {}
     for t in cfg.lora_targets:
