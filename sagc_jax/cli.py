@@ -301,15 +301,20 @@ def _export(argv: list[str]) -> int:
                    help="run dir, its checkpoints/ dir, a step dir, or an HF model dir")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.add_argument("--format", choices=("merged", "peft"), default="merged",
+                   help="merged: HF weights with LoRA adapters merged in (default); peft: the "
+                        "LoRA adapters only, as a PEFT adapter dir for the run's model.path")
     args = p.parse_args(argv)
     from sagc_jax.data.tokenizer import TokenizerError
     from sagc_jax.evaluate import CheckpointPathError
     from sagc_jax.export import export
     from sagc_jax.models.hf import ModelFileError
+    from sagc_jax.models.peft import NoAdaptersError
 
     try:
-        dest = export(args.checkpoint, args.out, overwrite=args.force)
-    except (CheckpointPathError, FileExistsError, ModelFileError, TokenizerError) as e:
+        dest = export(args.checkpoint, args.out, overwrite=args.force, fmt=args.format)
+    except (CheckpointPathError, FileExistsError, ModelFileError, TokenizerError,
+            NoAdaptersError) as e:
         print(f"sagc-jax export: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:

@@ -31,9 +31,11 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
+from sagc_jax.config.schema import LoRASection
 from sagc_jax.memory_estimate import MemoryInputs, activation_bytes, estimate, option_effects
 from sagc_jax.models import ModelConfig, Transformer
-from sagc_jax.models.build import model_config
+from sagc_jax.models.build import model_config, with_lora
+from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
 from sagc_jax.sampling.buckets import cache_bucket_for
@@ -139,6 +141,35 @@ def _param_bytes_per_device(params: dict[str, jax.ShapeDtypeStruct], mesh: Abstr
         if any(w is not None and mesh.shape[w] > 1 and s is None for w, s in zip(wanted, spec)):
             replicated.append(path)
     return total, replicated
+
+
+def _lora_elems(params: dict[str, jax.ShapeDtypeStruct],
+                mesh: AbstractMesh) -> tuple[int, int]:
+    """(per-device, unsharded) elements of the LoRA adapters among `params` (0, 0 if none)."""
+    lora = {k: v for k, v in params.items() if k.endswith((A_SUFFIX, B_SUFFIX))}
+    if not lora:
+        return 0, 0
+    return (_param_bytes_per_device(lora, mesh, 1)[0],
+            sum(math.prod(x.shape) for x in lora.values()))
+
+
+def lora_comparison(cfg: Config, mcfg: ModelConfig, mesh: AbstractMesh,
+                    inputs: MemoryInputs) -> dict[str, Any]:
+    """Estimated per-device params / gradients / AdamW state / reference / peak for full
+    fine-tuning and for LoRA (the run's `model.lora`, else the section's defaults) on the same
+    model and shapes."""
+    base = dataclasses.replace(mcfg, lora_rank=0, lora_alpha=0.0, lora_targets=())
+    sec = cfg.model.lora or LoRASection()
+    out: dict[str, Any] = {"setting": f"rank {sec.rank}, {len(sec.targets)} targets"}
+    for name, mc in (("full", base), ("lora", with_lora(base, sec))):
+        params = _abstract_params(mc)
+        elems, lora = _param_bytes_per_device(params, mesh, 1)[0], _lora_elems(params, mesh)
+        e = estimate(dataclasses.replace(
+            inputs, mcfg=mc, param_elems=elems,
+            param_elems_unsharded=sum(math.prod(x.shape) for x in params.values()),
+            lora_elems=lora[0], lora_elems_unsharded=lora[1]))
+        out[name] = {k: e[k] for k in ("params", "gradients", "optimizer", "reference", "peak")}
+    return out
 
 
 def _gib(n: float) -> str:
@@ -257,7 +288,9 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
         train_rows=big_t["rows"], micro_batch_rows=big_t["micro_batch_rows"],
         batch_shards=batch_ways if big_t["rows"] % batch_ways == 0 else 1,
         seq=max(x["seq_len"] for x in train_shapes),
-        vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta)
+        vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta,
+        **dict(zip(("lora_elems", "lora_elems_unsharded"), _lora_elems(params, mesh),
+                   strict=True)))
     memory = estimate(inputs)
     options = option_effects(inputs, sorted({x["rows"] for x in sampler_shapes}),
                              device_memory_bytes)
@@ -281,10 +314,11 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                   "num_heads": mcfg.num_heads, "num_kv_heads": mcfg.num_kv_heads,
                   "head_dim": mcfg.head_dim, "tied": mcfg.tie_word_embeddings,
                   "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "remat": mcfg.remat,
-                  "num_params": n_params,
+                  "num_params": n_params, "lora_rank": mcfg.lora_rank,
                   "kv_bytes_per_token": kv_tok},
         "checks": checks, "sampler_shapes": sampler_shapes, "train_shapes": train_shapes,
         "compiled_programs": n_prog, "memory": memory, "memory_options": options,
+        "lora": lora_comparison(cfg, mcfg, mesh, inputs),
         "compiled_memory": compiled, "compiled_note": compiled_note,
         "device_memory_bytes": device_memory_bytes,
     }
@@ -466,6 +500,15 @@ def _memory_lines(r: dict[str, Any]) -> list[str]:
             continue
         lines.append(f"  {o['option']:22s} {o['setting']!s:28s} {_gib(o['peak'])} "
                      f"({'+' if o['delta'] >= 0 else '-'}{_gib(abs(o['delta'])).strip()})")
+    lo = r["lora"]
+    lines.append(f"full fine-tuning vs LoRA ({lo['setting']}), estimate per device:")
+    lines.append(f"  {'':12s}{'params':>13s}{'gradients':>13s}{'AdamW state':>13s}"
+                 f"{'reference':>13s}{'peak':>13s}")
+    for name in ("full", "lora"):
+        v = lo[name]
+        lines.append(f"  {name:12s}" + "".join(
+            f"{_gib(v[k]):>13s}" for k in ("params", "gradients", "optimizer", "reference",
+                                             "peak")))
     return lines
 
 

@@ -40,6 +40,7 @@ from sagc_jax.data.tokenizer import (
     stop_ids,
 )
 from sagc_jax.models import Transformer, from_pretrained
+from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.rl.rewards import RewardFn, score_groups
 from sagc_jax.sampling import Sampler, SamplingConfig
@@ -159,7 +160,8 @@ def _abstract_run_model(cfg: Config, tokenizer: Any) -> Transformer:
 def _restore_params(src: PolicySource, abstract_model: Transformer,
                     mesh: Mesh | None) -> Transformer:
     """Restores only the params item of the checkpoint into `abstract_model`'s tree, verified
-    against the fingerprints saved with it."""
+    against the fingerprints saved with it. A LoRA run's step holds only the adapters: the base
+    comes from the run's `checkpoints/initial`."""
     from sagc_jax import checkpoint as ckpt
 
     graphdef, state = nnx.split(abstract_model)
@@ -171,8 +173,13 @@ def _restore_params(src: PolicySource, abstract_model: Transformer,
         shardings = jax.tree.map(lambda _: one, pure)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           pure, shardings)
+    adapters = {k: v for k, v in target["layers"].items() if k.endswith((A_SUFFIX, B_SUFFIX))}
     if src.kind == "initial":
         params = ckpt.restore_pure_params(src.path, target)
+    elif adapters:  # a LoRA run's steps hold the adapters; the frozen base is `initial`
+        params = ckpt.restore_pure_params(src.path.parent / _INITIAL, target)
+        got = ckpt.restore_pure_params(src.path.parent, {"layers": adapters}, step=src.step)
+        params["layers"].update(got["layers"])
     else:
         params = ckpt.restore_pure_params(src.path.parent, target, step=src.step)
     nnx.replace_by_pure_dict(state, params)

@@ -5,7 +5,9 @@
 the tokenizer files, which `transformers.AutoModelForCausalLM.from_pretrained` loads and
 generates from. The run's resolved config is copied as `sagc_jax_config.yaml`, so
 `sagc-jax eval` on the exported directory keeps the run's default eval data and rewards
-(transformers ignores the file).
+(transformers ignores the file). LoRA runs: `fmt="merged"` merges the adapters into the weights;
+`fmt="peft"` writes only the adapters as a PEFT adapter directory (`models/peft.py`) for the
+run's `model.path`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax
 from sagc_jax.config import save_config
 from sagc_jax.evaluate import CONFIG_IN_HF_DIR, load_policy
 from sagc_jax.models import save_pretrained
+from sagc_jax.models.peft import save_peft_adapter
 
 __all__ = ["export"]
 
@@ -29,6 +32,7 @@ def export(
     *,
     overwrite: bool = False,
     tokenizer: Any = None,
+    fmt: str = "merged",
 ) -> Path:
     """Writes the HF directory `out` for `checkpoint`; returns its absolute path.
 
@@ -38,7 +42,11 @@ def export(
       CheckpointPathError: `checkpoint` is not loadable (see `load_policy`).
       FileExistsError: `out` is the checkpoint itself, an existing file, or a directory that is
         not empty (unless `overwrite`).
+      NoAdaptersError: `fmt="peft"` for a policy without LoRA adapters.
+      ValueError: an unknown `fmt`.
     """
+    if fmt not in ("merged", "peft"):
+        raise ValueError(f"export format must be 'merged' or 'peft', got {fmt!r}")
     dest = Path(out).expanduser().absolute()
     src = Path(checkpoint).expanduser().absolute()
     if dest == src:
@@ -51,6 +59,10 @@ def export(
         raise FileExistsError(f"export directory {dest} exists and is not empty "
                               "(choose another --out or pass --force)")
     model, tok, cfg = load_policy(src, tokenizer=tokenizer)
+    if fmt == "peft":
+        base = cfg.model.path if cfg is not None else None
+        save_peft_adapter(model, dest, base_model=base)  # gathers everywhere, process 0 writes
+        return dest
     save_pretrained(model, dest, tokenizer=tok)  # gathers on every process, process 0 writes
     if jax.process_index() == 0 and cfg is not None:
         save_config(cfg, dest / CONFIG_IN_HF_DIR)

@@ -6,7 +6,9 @@ prints both. The terms below follow what the compiled programs hold (measured on
 1.5B presets, see docs/scale.md):
 
 - static (always resident): params at ``param_dtype``, AdamW ``mu`` + ``nu`` at the same dtype
-  and sharding (``opt_state_shardings``), a frozen reference copy when ``algo.beta > 0``;
+  and sharding (``opt_state_shardings``), a frozen reference copy when ``algo.beta > 0``; with
+  LoRA (``lora_elems``) AdamW state and gradients cover the float32 adapters only and the
+  reference is the base itself (no copy);
 - train step: gradients at ``param_dtype`` (x2 with micro-batches: the accumulator and the
   current micro-batch's), the compute-dtype weight copy each forward makes, f32 logits of a
   micro-batch x2 (value and gradient) and activations (residual stream per layer + one layer's
@@ -54,6 +56,11 @@ class MemoryInputs:
     seq: int
     vocab_ways: int
     beta: float
+    # LoRA (`model.lora`): per-device elements of the adapters, included in `param_elems` and
+    # stored float32. Only they get gradients and AdamW state; the KL reference is the base
+    # with adapters off (no copy). 0 = full fine-tuning.
+    lora_elems: int = 0
+    lora_elems_unsharded: int = 0
 
 
 def activation_bytes(mcfg: ModelConfig, rows: int, seq: int) -> int:
@@ -75,13 +82,20 @@ def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]
     m = x.mcfg
     store = jnp.dtype(m.param_dtype).itemsize
     comp = jnp.dtype(m.dtype).itemsize
-    params = x.param_elems * store
-    opt = 2 * (x.param_elems if shard_optimizer else x.param_elems_unsharded) * store
-    ref = params if x.beta > 0 else 0
+    lora = x.lora_elems
+    params = (x.param_elems - lora) * store + lora * 4
+    if lora:  # adapters only (float32): optimizer state and gradients; reference = the base
+        train_bytes = lora * 4
+        opt = 2 * (lora if shard_optimizer else x.lora_elems_unsharded) * 4
+        ref = 0
+    else:
+        train_bytes = params
+        opt = 2 * (x.param_elems if shard_optimizer else x.param_elems_unsharded) * store
+        ref = params if x.beta > 0 else 0
     copy = x.param_elems * comp if comp != store else 0
     mb = min(x.micro_batch_rows, x.train_rows)
     mb_dev = math.ceil(mb / x.batch_shards) if mb % x.batch_shards == 0 else mb
-    grads = params * (2 if mb < x.train_rows else 1)
+    grads = train_bytes * (2 if mb < x.train_rows else 1)
     logits = 2 * mb_dev * x.seq * m.vocab_size * 4 // x.vocab_ways
     act = activation_bytes(m, mb_dev, x.seq)
     kv = 2 * x.kv_elems * comp

@@ -28,6 +28,7 @@ __all__ = [
     "DataConfig",
     "DistributedConfig",
     "InitConfig",
+    "LoRASection",
     "MeshConfig",
     "ModelSection",
     "OptimConfig",
@@ -74,6 +75,37 @@ class RunConfig(Section):
     plots: Bool = field(True, "Write PNG plots of the run.")
 
 
+LoRATarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoRASection(Section):
+    """LoRA adapters (``model.lora:``) on the stacked layer weights; see docs/lora.md.
+
+    Only the adapters are trained (and carry AdamW state); the base stays frozen, and with
+    ``algo.beta > 0`` the KL reference is the base with adapters off (no second copy).
+    """
+
+    section_key = "model.lora"
+    rank: PosInt = field(16, "Adapter rank r.")
+    alpha: Float = field(32.0, "Adapter scale numerator: the update is (alpha / rank) * A @ B.",
+                         gt=0)
+    targets: tuple[LoRATarget, ...] = field(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        "Layer weights that get an adapter (HF module names).")
+    dropout: Float = field(0.0, "Adapter input dropout; only 0.0 is implemented.", ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _rules(self) -> LoRASection:
+        if not self.targets:
+            raise rule_error("targets", "must list at least one layer weight")
+        if len(set(self.targets)) != len(self.targets):
+            raise rule_error("targets", f"must not repeat a weight, got {fmt(self.targets)}")
+        if self.dropout != 0.0:
+            raise rule_error("dropout", f"only 0.0 is implemented (adapter dropout is not), got "
+                             f"{self.dropout}")
+        return self
+
+
 class ModelSection(Section):
     """Policy model (``model:``). With ``path`` set the architecture comes from the HF config
     there; otherwise :func:`sagc_jax.models.config.from_run_section` builds a ``ModelConfig``."""
@@ -110,6 +142,8 @@ class ModelSection(Section):
         "halves them, but an update smaller than ~2^-8 of a weight rounds away."
     )
     remat: Bool = field(False, "Rematerialise transformer blocks in the backward pass.")
+    lora: LoRASection | None = field(
+        None, "LoRA adapters ({rank, alpha, targets, dropout}); None = full fine-tuning.")
 
     @model_validator(mode="after")
     def _preset(self) -> ModelSection:

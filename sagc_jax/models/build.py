@@ -12,37 +12,48 @@ from flax import nnx
 from sagc_jax.models.config import ModelConfig, from_hf_dict, from_run_section
 from sagc_jax.models.hf import from_pretrained
 from sagc_jax.models.llama import Transformer
+from sagc_jax.models.lora import add_lora
+
+
+def with_lora(mcfg: ModelConfig, lora: Any) -> ModelConfig:
+    """`mcfg` with the adapters of a `model.lora` section (None: unchanged)."""
+    if lora is None:
+        return mcfg
+    return dataclasses.replace(mcfg, lora_rank=lora.rank, lora_alpha=lora.alpha,
+                               lora_targets=tuple(lora.targets))
 
 
 def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
                 ) -> tuple[Transformer, ModelConfig]:
     """An HF checkpoint (`model.path`, weights loaded onto `mesh`) or a fresh random model from
-    the `model.*` fields (seeded by `run.seed`; the tokenizer supplies vocab and special ids)."""
+    the `model.*` fields (seeded by `run.seed`; the tokenizer supplies vocab and special ids).
+    With `model.lora`, fresh adapters (seeded by `run.seed`) sit beside the base weights."""
     m = cfg.model
     if m.path is not None:
         model, mcfg = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh)
-        if m.remat:
-            model.cfg = dataclasses.replace(mcfg, remat=True)
-            mcfg = model.cfg
-        return model, mcfg
+        model.cfg = with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
+        if m.lora is not None:
+            add_lora(model.layers, m.lora.targets, m.lora.rank, nnx.Rngs(cfg.run.seed))
+        return model, model.cfg
     mcfg = model_config(cfg, vocab_size, tokenizer)
     return Transformer(mcfg, rngs=nnx.Rngs(cfg.run.seed)), mcfg
 
 
 def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> ModelConfig:
     """The architecture `build_model` builds for `cfg`, without weights: `model.path`'s
-    `config.json` (with `model.remat`, `model.param_dtype`), or the `model.*` fields with
+    `config.json` (with `model.remat`, `model.param_dtype`, `model.lora`), or the `model.*`
+    fields (with `model.lora`) and
     `vocab_size` (special ids from `tokenizer` when given). OSError / ValueError when
     config.json cannot be read."""
     m = cfg.model
     if m.path is not None:
         with open(os.path.join(m.path, "config.json"), encoding="utf-8") as fh:
             mcfg = from_hf_dict(json.load(fh), dtype=m.dtype, param_dtype=m.param_dtype)
-        return dataclasses.replace(mcfg, remat=m.remat)
+        return with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
     if vocab_size is None:
         raise ValueError("model.tokenizer: needed for the vocabulary size of a fresh model")
     if tokenizer is None:
-        return from_run_section(m, vocab_size)
-    return from_run_section(m, vocab_size, bos_token_id=tokenizer.bos_token_id,
-                            eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id)
+        return with_lora(from_run_section(m, vocab_size), m.lora)
+    return with_lora(from_run_section(m, vocab_size, bos_token_id=tokenizer.bos_token_id,
+                                      eos_token_id=tokenizer.eos_token_id,
+                                      pad_token_id=tokenizer.pad_token_id), m.lora)

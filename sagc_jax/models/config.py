@@ -72,6 +72,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
+    # LoRA adapters (models/lora.py): rank 0 = none. Scale = lora_alpha / lora_rank.
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> None:
@@ -94,6 +98,9 @@ class ModelConfig:
         for f in ("dtype", "param_dtype"):
             if getattr(self, f) not in ("float32", "bfloat16"):
                 bad(f, f"must be float32 or bfloat16, got {getattr(self, f)}")
+        if self.lora_rank < 0 or (self.lora_rank > 0) != bool(self.lora_targets):
+            bad("lora_rank", f"{self.lora_rank} with targets {list(self.lora_targets)}: need "
+                "rank >= 1 with targets, or rank 0 without")
 
     @property
     def rope_params(self) -> dict[str, Any]:
@@ -110,6 +117,14 @@ class ModelConfig:
         per_layer = attn + mlp + 2 * h
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
+
+    def num_lora_params(self) -> int:
+        """Adapter params (A and B of every targeted weight, all layers)."""
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        qd, kvd = self.num_heads * d, self.num_kv_heads * d
+        dims = {"q_proj": (h, qd), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (qd, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return self.num_layers * self.lora_rank * sum(sum(dims[t]) for t in self.lora_targets)
 
 
 def from_run_section(m: Any, vocab_size: int, *, bos_token_id: int | None = None,

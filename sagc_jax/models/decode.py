@@ -25,6 +25,7 @@ from flax import nnx
 
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.llama import Transformer, block_tail, project_qkv, rms_norm
+from sagc_jax.models.lora import lora_scale, merge_lora
 from sagc_jax.models.rope import inv_frequencies
 
 _NEG_INF = -1e30
@@ -45,7 +46,8 @@ class GenKV(NamedTuple):
 
 
 class DecodeWeights(NamedTuple):
-    """Weights in compute dtype, split per layer once per call (not inside the decode loop)."""
+    """Weights in compute dtype (LoRA merged), split per layer once per call (not inside the
+    decode loop)."""
 
     embed: jax.Array  # [V, H]
     layers: tuple[dict[str, jax.Array], ...]
@@ -56,7 +58,9 @@ class DecodeWeights(NamedTuple):
 def decode_weights(model: Transformer) -> DecodeWeights:
     cfg = model.cfg
     dt = jnp.dtype(cfg.dtype)
-    stacked = {k: v.astype(dt) for k, v in nnx.to_pure_dict(nnx.state(model.layers)).items()}
+    # LoRA adapters are merged here, once per call, so the token loop reads plain weights.
+    stacked = merge_lora(nnx.to_pure_dict(nnx.state(model.layers)), lora_scale(cfg))
+    stacked = {k: v.astype(dt) for k, v in stacked.items()}
     layers = tuple({k: v[i] for k, v in stacked.items()} for i in range(cfg.num_layers))
     embed = model.embed[...]
     head = embed.T if cfg.tie_word_embeddings else model.lm_head[...]

@@ -29,6 +29,7 @@ from safetensors.numpy import save_file
 
 from sagc_jax.models.config import ModelConfig, from_hf_dict, to_hf_dict
 from sagc_jax.models.llama import Transformer
+from sagc_jax.models.lora import lora_scale, merge_lora
 from sagc_jax.models.sharding import state_shardings
 
 CONFIG_FILE = "config.json"
@@ -287,7 +288,8 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 
 def save_pretrained(model: Transformer, path: str | os.PathLike, *, tokenizer: Any = None) -> None:
-    """Writes `config.json` + `model.safetensors` in HF layout (float32, torch names, [out, in]).
+    """Writes `config.json` + `model.safetensors` in HF layout (float32, torch names, [out, in]),
+    LoRA adapters merged into their weights (`models/peft.py` writes them as a PEFT adapter).
 
     Tied models write no `lm_head.weight` (as transformers does). Sharded params are gathered to
     the host; with several processes only process 0 writes. If `tokenizer` is given, its
@@ -297,7 +299,10 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *, tokenizer: A
     cfg: ModelConfig = model.cfg
     hf_config = to_hf_dict(cfg)  # validates exportability before any gathering
     tensors: dict[str, np.ndarray] = {}
-    for p, x in _flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param))):
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    # LoRA adapters are merged into their weights (W + alpha/r * A @ B): a plain HF model.
+    pure["layers"] = merge_lora(pure["layers"], lora_scale(cfg))
+    for p, x in _flatten(pure):
         names, transposed = _hf_names(p, cfg.num_layers)
         arr = _to_host(x)
         parts = list(arr) if p.startswith("layers.") else [arr]

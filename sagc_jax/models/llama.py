@@ -32,6 +32,7 @@ import numpy as np
 from flax import nnx
 
 from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.lora import add_lora, dense, lora_scale
 from sagc_jax.models.rope import apply_rope, inv_frequencies
 
 _NEG_INF = -1e30  # finite, so fully masked (padding) query rows give uniform weights, not NaN
@@ -70,13 +71,15 @@ def project_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positio
                 inv_freq: np.ndarray, B: int, T: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer's attention input: x [B*T, H] -> q [B, T, N, D] (roped), k [B, K, T, D] (roped),
     v [B, K, T, D] — keys/values already in the cache's heads-before-slots layout.
+    LoRA adapters in `p` (`*_lora_a` / `*_lora_b`) are applied unmerged (`lora.dense`).
 
     Activations stay 2-D [B*T, H] around the dense layers: XLA:CPU's backward for
     [B, T, H] @ [H, O] (two batch dims contracted for the weight grad) is ~2x slower.
     """
     n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = h @ p["q_proj"], h @ p["k_proj"], h @ p["v_proj"]
+    s = lora_scale(cfg)
+    q, k, v = dense(h, p, "q_proj", s), dense(h, p, "k_proj", s), dense(h, p, "v_proj", s)
     if cfg.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     q = apply_rope(q.reshape(B, T, n, d), positions, inv_freq)
@@ -88,22 +91,25 @@ def project_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positio
 def block_tail(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array,
                attn: jax.Array) -> jax.Array:
     """Rest of a decoder block: x [B*T, H] residual, attn [B*T, N*D] -> x [B*T, H]."""
-    attn = attn @ p["o_proj"]
+    s = lora_scale(cfg)
+    attn = dense(attn, p, "o_proj", s)
     if cfg.o_bias:
         attn = attn + p["o_bias"]
     x = x + attn
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    gate, up = h @ p["gate_proj"], h @ p["up_proj"]
+    gate, up = dense(h, p, "gate_proj", s), dense(h, p, "up_proj", s)
     if cfg.mlp_bias:
         gate, up = gate + p["gate_bias"], up + p["up_bias"]
-    mlp = (jax.nn.silu(gate) * up) @ p["down_proj"]
+    mlp = dense(jax.nn.silu(gate) * up, p, "down_proj", s)
     if cfg.mlp_bias:
         mlp = mlp + p["down_bias"]
     return x + mlp
 
 
 class DecoderLayers(nnx.Module):
-    """All decoder blocks' weights, stacked on axis 0 (`layers`). Kernels are [in, out]."""
+    """All decoder blocks' weights, stacked on axis 0 (`layers`). Kernels are [in, out].
+    With `cfg.lora_rank > 0`, LoRA adapters (`nnx.LoRAParam`, models/lora.py) sit beside the
+    targeted kernels (added by `Transformer` after every base weight: same seed, same base)."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         L, H, I = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
@@ -169,6 +175,8 @@ class Transformer(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nnx.Param(normal(rngs.params(), (cfg.hidden_size, cfg.vocab_size),
                                             pdt))
+        if cfg.lora_rank:
+            add_lora(self.layers, cfg.lora_targets, cfg.lora_rank, rngs)
 
     def __call__(
         self,

@@ -14,6 +14,8 @@ import jax
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX, LORA_TARGETS
+
 # Logical axes of each parameter of models/llama.py (path joined with '.').
 LLAMA_PARAM_AXES: Mapping[str, tuple[str | None, ...]] = {
     "embed": ("vocab", "embed"),
@@ -35,6 +37,15 @@ LLAMA_PARAM_AXES: Mapping[str, tuple[str | None, ...]] = {
     "layers.gate_bias": ("layers", "mlp"),
     "layers.up_bias": ("layers", "mlp"),
     "layers.down_bias": ("layers", None),
+}
+# LoRA adapters (models/lora.py): A [L, in, r] is sharded like its weight's input dim, B
+# [L, r, out] like its output dim, the rank replicated; x @ A then needs no extra gather.
+LLAMA_PARAM_AXES = {
+    **LLAMA_PARAM_AXES,
+    **{f"layers.{t}{A_SUFFIX}": (*LLAMA_PARAM_AXES[f"layers.{t}"][:2], None)
+       for t in LORA_TARGETS},
+    **{f"layers.{t}{B_SUFFIX}": ("layers", None, LLAMA_PARAM_AXES[f"layers.{t}"][2])
+       for t in LORA_TARGETS},
 }
 
 # FSDP shards the model dimension; tensor parallelism shards heads, MLP and vocabulary.

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from sagc_jax.models.lora import split_trainable, trainable
 from sagc_jax.rl.advantages import frac_reward_zero_std, group_advantages, scored_rows
 from sagc_jax.rl.losses import (
     METRICS,
@@ -79,7 +80,8 @@ def _advantages(seqs: dict[str, jax.Array], settings: LossSettings, num_groups: 
 def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
                    num_groups: int) -> Callable:
     """`grad_step(params, acc, chunk, seqs, index) -> acc`: adds chunk `index`'s loss gradient
-    and summed metrics to `acc = (grads, sums)` (not jitted; `num_groups` is static)."""
+    and summed metrics to `acc = (grads, sums)` (not jitted; `num_groups` is static). Grads are
+    of `lora.trainable(params)` (the adapters when the model has them)."""
     s = settings
     mask_entropy = s.top_entropy_quantile < 1.0
 
@@ -91,7 +93,10 @@ def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
         ent_min = (entropy_threshold(seqs["entropy"], full, s.top_entropy_quantile)
                    if mask_entropy else None)
 
-        def loss_fn(p):
+        train, frozen = split_trainable(params)
+
+        def loss_fn(t):
+            p = nnx.merge_state(t, frozen)
             logp, ent = packed_logprobs(graphdef, p, chunk, s.temperature, entropy=True)
             logp = unpack(logp, seqs["row"], seqs["start"], n)
             ent = unpack(ent, seqs["row"], seqs["start"], n)
@@ -104,7 +109,7 @@ def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
                 entropy=ent, entropy_min=ent_min, off_policy_threshold=s.off_policy_threshold,
                 norms=norms, max_tokens=s.max_tokens)
 
-        (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(train)
         grads, sums = acc
         m = {**m, "loss": loss}
         return (jax.tree.map(jnp.add, grads, g),
@@ -120,10 +125,11 @@ def make_apply_step(optimizer: optax.GradientTransformation, settings: LossSetti
     optimizer state unchanged and reports `finite = 0` (as the unpacked step)."""
 
     def apply(params, opt_state, acc, seqs):
+        train, frozen = split_trainable(params)
         grads, sums = acc
         grad_norm = optax.tree.norm(grads)
-        updates, new_opt = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
+        updates, new_opt = optimizer.update(grads, opt_state, train)
+        new_train = optax.apply_updates(train, updates)
         finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         adv = _advantages(seqs, settings, num_groups)
@@ -135,7 +141,8 @@ def make_apply_step(optimizer: optax.GradientTransformation, settings: LossSetti
                        seqs["rewards"], seqs["group_ids"], seqs["valid"],
                        num_groups=num_groups, ddof=settings.std_ddof),
                    "loss_tokens": norms.tokens}
-        return keep(new_params, params), keep(new_opt, opt_state), metrics
+        return (nnx.merge_state(keep(new_train, train), frozen), keep(new_opt, opt_state),
+                metrics)
 
     return apply
 
@@ -155,7 +162,7 @@ def make_logprob_step(graphdef: nnx.GraphDef, temperature: float,
 
 
 def zero_acc(params: Any) -> tuple[Any, dict[str, jax.Array]]:
-    """An empty accumulator (zero grads like params, zero metric sums)."""
-    return (jax.tree.map(jnp.zeros_like, params),
+    """An empty accumulator (zero grads like the trainable params, zero metric sums)."""
+    return (jax.tree.map(jnp.zeros_like, trainable(params)),
             {k: jnp.zeros((), jnp.float32) for k in SUM_METRICS})
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from sagc_jax.models.lora import BASE, split_trainable
 from sagc_jax.rl.advantages import (
     DEFAULT_ADV_EPS,
     frac_reward_zero_std,
@@ -112,6 +113,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     reward function returned None) are out of the advantages' statistics and out of the loss. A
     non-finite loss or gradient leaves params and optimizer state unchanged and reports
     `finite = 0`; the host turns that into an error after saving the last good state.
+    Only `lora.split_trainable(params)[0]` is differentiated and updated (the adapters when the
+    model has LoRA adapters, else every param); `opt_state` is the optimizer's state of it.
     """
     s = settings
     mask_entropy = s.top_entropy_quantile < 1.0
@@ -147,6 +150,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         return entropy_threshold(ent, mask, s.top_entropy_quantile)
 
     def step(params, opt_state, batch):
+        train, frozen = split_trainable(params)
         adv = group_advantages(batch["rewards"], batch["group_ids"], batch["valid"],
                                num_groups=num_groups, scale=s.scale_rewards, eps=s.adv_eps,
                                ddof=s.std_ddof)
@@ -167,21 +171,22 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         ent_min = jnp.zeros((), jnp.float32)
         if mask_entropy and micro_batches > 1:
             ent_min = full_batch_entropy_min(params, split)
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        grad_fn = jax.value_and_grad(
+            lambda t, *a: loss_fn(nnx.merge_state(t, frozen), *a), has_aux=True)
 
         def accumulate(carry, mb):
             grads, loss, metrics = carry
-            (l, m), g = grad_fn(params, mb, norms, ent_min)
+            (l, m), g = grad_fn(train, mb, norms, ent_min)
             return (jax.tree.map(jnp.add, grads, g), loss + l,
                     jax.tree.map(jnp.add, metrics, m)), None
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
+        zeros = jax.tree.map(jnp.zeros_like, train)
         zero_m = {k: jnp.zeros((), jnp.float32) for k in METRICS}
         (grads, loss, metrics), _ = jax.lax.scan(
             accumulate, (zeros, jnp.zeros((), jnp.float32), zero_m), split)
         grad_norm = optax.tree.norm(grads)
-        updates, new_opt = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
+        updates, new_opt = optimizer.update(grads, opt_state, train)
+        new_train = optax.apply_updates(train, updates)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         w = scored.astype(jnp.float32)
@@ -192,7 +197,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                        batch["rewards"], batch["group_ids"], batch["valid"],
                        num_groups=num_groups, ddof=s.std_ddof),
                    "loss_tokens": norms.tokens}
-        return keep(new_params, params), keep(new_opt, opt_state), metrics
+        return (nnx.merge_state(keep(new_train, train), frozen), keep(new_opt, opt_state),
+                metrics)
 
     return step
 
@@ -201,7 +207,8 @@ def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
     """`step(params, opt_state, tokens [B,T], loss_mask [B,T]) -> (params, opt_state, loss)`.
 
     Next-token cross-entropy on right-padded sequences, averaged over loss_mask tokens (the
-    solution + EOS), for the supervised warm start.
+    solution + EOS), for the supervised warm start. It trains the base (`lora.BASE`: every
+    param but LoRA adapters); `opt_state` is the optimizer's state of that part.
     """
 
     def loss_fn(params, tokens, loss_mask):
@@ -212,9 +219,11 @@ def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
         return -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
 
     def step(params, opt_state, tokens, loss_mask):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, loss_mask)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        base, rest = nnx.split_state(params, BASE, ...)
+        loss, grads = jax.value_and_grad(
+            lambda b: loss_fn(nnx.merge_state(b, rest), tokens, loss_mask))(base)
+        updates, opt_state = optimizer.update(grads, opt_state, base)
+        return nnx.merge_state(optax.apply_updates(base, updates), rest), opt_state, loss
 
     return step
 

@@ -15,6 +15,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from sagc_jax.models.lora import adapter_zeros, disable_adapters
 from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.batch import TrainBatch
 from sagc_jax.rl.packing import pack_batch
@@ -150,7 +151,9 @@ class Learner:
     update runs the packed steps; otherwise the padded `steps`. Both report `train_token_util`:
     real tokens (prompt + completion - 1 of every sequence in the loss) ÷ tokens the train
     step's forward computes.
-    ref_params: the frozen KL reference (set by the loop when `algo.beta > 0`).
+    ref_params: the frozen KL reference (set by the loop when `algo.beta > 0`); None with
+    `algo.beta > 0` means the policy's own base with its LoRA adapters off
+    (`lora.disable_adapters`: shares the base's arrays, no second copy of the weights).
     """
 
     def __init__(self, steps: CompiledSteps, *, beta: float, num_iterations: int,
@@ -164,6 +167,15 @@ class Learner:
         self.packed = packed
         self.pad_id = pad_id
         self.ref_params: Any = None
+        self._adapter_zeros: Any = None
+
+    def reference(self, params: Any) -> Any:
+        """The KL reference's params for the policy `params` (read before they are donated)."""
+        if self.ref_params is not None:
+            return self.ref_params
+        if self._adapter_zeros is None:  # made once: adapter-sized, on the adapters' devices
+            self._adapter_zeros = adapter_zeros(params)
+        return disable_adapters(params, self._adapter_zeros)
 
     @property
     def needs_logprobs(self) -> bool:
@@ -192,8 +204,8 @@ class Learner:
         if self.needs_logprobs:
             logp_fn = self.steps.logprob_fn(rows, lp, n)
             if self.beta > 0:
-                dev["ref_logprobs"] = logp_fn(self.ref_params, dev["tokens"], dev["prompt_pad"],
-                                              dev["lengths"])
+                dev["ref_logprobs"] = logp_fn(self.reference(state.params), dev["tokens"],
+                                              dev["prompt_pad"], dev["lengths"])
             if self.num_iterations > 1:
                 # μ > 1: the ratio is against the policy that sampled, recomputed in full precision.
                 dev["old_logprobs"] = logp_fn(state.params, dev["tokens"], dev["prompt_pad"],
@@ -212,7 +224,7 @@ class Learner:
             pack_len=ps.pack_len, chunk_sizes=ps.chunk_sizes, pad_id=self.pad_id)
         chunks, seqs = ps.to_device(chunks, seqs)
         if self.beta > 0:
-            seqs["ref_logprobs"] = ps.logprobs(self.ref_params, chunks, seqs)
+            seqs["ref_logprobs"] = ps.logprobs(self.reference(state.params), chunks, seqs)
         if self.num_iterations > 1:
             seqs["old_logprobs"] = ps.logprobs(state.params, chunks, seqs)
         return self._iterate(state, lambda p, o: ps.update(p, o, chunks, seqs),

@@ -27,6 +27,7 @@ from sagc_jax import checkpoint as ckpt
 from sagc_jax.config import Config, config_to_dict, save_config
 from sagc_jax.errors import TrainingError
 from sagc_jax.evaluate import greedy_accuracy
+from sagc_jax.models.lora import checkpointed, with_base
 from sagc_jax.rl.batch import make_batch
 from sagc_jax.rollout import collect, global_view, rollout_key
 from sagc_jax.runlock import RunLock
@@ -51,7 +52,9 @@ def _log(run: Run, msg: str, *args: Any) -> None:
 
 # ---------------------------------------------------------------------------- start-up phases
 def _snapshot(run: Run, step: int) -> ckpt.Snapshot:
-    return ckpt.Snapshot(step=step, params=run.state.params, opt_state=run.state.opt_state,
+    # With LoRA only the adapters are saved: the frozen base is checkpoints/initial.
+    return ckpt.Snapshot(step=step, params=checkpointed(run.state.params),
+                         opt_state=run.state.opt_state,
                          sagc=run.policy.state, data_iter=list(run.prompts.iterators))
 
 
@@ -120,19 +123,23 @@ def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> str:
                               "run.resume=never; choose another run.dir")
     if run.hosts.is_main:
         save_config(cfg, run.run_dir / "config.yaml")
-    beta = cfg.algo.beta
+    copy_ref = cfg.algo.beta > 0 and cfg.model.lora is None
     if restored is None:
         t0 = time.perf_counter()
         how = _fresh_params(run, check)
         run.timing["sft_s"] = time.perf_counter() - t0
-        # The reference must survive donation of the params in the train step.
-        run.learner.ref_params = copy_params(run.state.params) if beta > 0 else None
+        # The reference must survive donation of the params in the train step. With LoRA it is
+        # the frozen base itself (adapters off): no copy (`Learner.reference`).
+        run.learner.ref_params = copy_params(run.state.params) if copy_ref else None
         run.writer.resume_from(0)
         return how
-    run.state.params, run.state.opt_state = restored.params, restored.opt_state
+    params = restored.params
+    if cfg.model.lora is not None:  # adapters only: the frozen base is the run's initial params
+        params = with_base(params, run.ckpt.restore_initial(run.state.params))
+    run.state.params, run.state.opt_state = params, restored.opt_state
     run.state.step = restored.step
     run.policy.load_state(restored.sagc)
-    if beta > 0:
+    if copy_ref:  # with LoRA the reference is the restored base: checkpoints/initial unread
         run.learner.ref_params = run.ckpt.restore_initial(run.state.params)
     run.writer.resume_from(run.state.step)
     return f"resumed from step {run.state.step}"

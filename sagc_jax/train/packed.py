@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.packed_step import (
     CHUNK_FIELDS,
@@ -66,7 +67,7 @@ class PackedSteps:
         return batch_sharding(self.mesh, 2) if rows % ways == 0 else self._rep
 
     def _acc_shardings(self) -> tuple[Any, dict[str, NamedSharding]]:
-        return self.param_shardings, {k: self._rep for k in SUM_METRICS}
+        return trainable(self.param_shardings), {k: self._rep for k in SUM_METRICS}
 
     def _seq_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
         S, N = self.seqs, self.completion_len

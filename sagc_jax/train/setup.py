@@ -22,6 +22,7 @@ from sagc_jax.data.tokenizer import load_run_tokenizer, stop_ids
 from sagc_jax.metrics import RunWriter
 from sagc_jax.models.build import build_model
 from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import make_mesh_from_config
@@ -164,7 +165,8 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     param_shardings = state_shardings(params, mesh)
     params = jax.device_put(params, param_shardings)
     optimizer = make_optimizer(cfg.optim, cfg.run.steps)
-    opt_state, opt_shardings = init_opt_state(optimizer, params, mesh)
+    # With LoRA only the adapters carry optimizer state (`lora.trainable`).
+    opt_state, opt_shardings = init_opt_state(optimizer, trainable(params), mesh)
     steps = CompiledSteps(graphdef, optimizer, loss_settings(cfg), mesh, param_shardings,
                           opt_shardings, cfg.algo.micro_batch_rows)
     packed = None

@@ -12,6 +12,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.data.pipeline import make_sft_batches
+from sagc_jax.models.lora import BASE
 from sagc_jax.rl.train_step import make_sft_step
 from sagc_jax.train.state import init_opt_state
 
@@ -56,7 +57,8 @@ def sft_warm_start(cfg: Any, params: Any, *, graphdef: nnx.GraphDef, param_shard
     lr = cfg.init.sft_lr
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
         optax.warmup_cosine_decay_schedule(0.0, lr, min(20, n // 4), max(n, 2), lr * 0.1)))
-    opt_state, opt_shard = init_opt_state(opt, params, mesh)
+    # The base only (`lora.BASE`): with LoRA, the warm start is the frozen base's.
+    opt_state, opt_shard = init_opt_state(opt, nnx.split_state(params, BASE, ...)[0], mesh)
     step = jax.jit(make_sft_step(graphdef, opt),
                    in_shardings=(param_shardings, opt_shard, None, None),
                    out_shardings=(param_shardings, opt_shard, None), donate_argnums=(0, 1))
