@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from sagc_jax.models.lora import split_trainable, trainable
-from sagc_jax.rl.advantages import frac_reward_zero_std, group_advantages, scored_rows
+from sagc_jax.rl.advantages import group_advantages, scored_rows
 from sagc_jax.rl.losses import (
     METRICS,
     LossNorms,
@@ -33,7 +33,7 @@ from sagc_jax.rl.losses import (
     token_logprobs_and_entropy,
 )
 from sagc_jax.rl.packing import unpack
-from sagc_jax.rl.train_step import LossSettings
+from sagc_jax.rl.train_step import LossSettings, apply_update
 
 # Per-sequence arrays [S, ...] (name -> rank); `chunk`, `row`, `start` come from the PackPlan.
 # `entropy` [S, N] is filled by an entropy pass only for `top_entropy_quantile < 1` (the
@@ -127,22 +127,11 @@ def make_apply_step(optimizer: optax.GradientTransformation, settings: LossSetti
     def apply(params, opt_state, acc, seqs):
         train, frozen = split_trainable(params)
         grads, sums = acc
-        grad_norm = optax.tree.norm(grads)
-        updates, new_opt = optimizer.update(grads, opt_state, train)
-        new_train = optax.apply_updates(train, updates)
-        finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        adv = _advantages(seqs, settings, num_groups)
         scored, _, norms = _scored_mask_and_norms(seqs)
-        w = scored.astype(jnp.float32)
-        metrics = {**sums, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32),
-                   "adv_abs_mean": (jnp.abs(adv) * w).sum() / jnp.maximum(w.sum(), 1.0),
-                   "frac_reward_zero_std": frac_reward_zero_std(
-                       seqs["rewards"], seqs["group_ids"], seqs["valid"],
-                       num_groups=num_groups, ddof=settings.std_ddof),
-                   "loss_tokens": norms.tokens}
-        return (nnx.merge_state(keep(new_train, train), frozen), keep(new_opt, opt_state),
-                metrics)
+        return apply_update(optimizer, train, frozen, opt_state, grads, sums["loss"], sums,
+                            _advantages(seqs, settings, num_groups), scored, norms,
+                            seqs["rewards"], seqs["group_ids"], seqs["valid"],
+                            num_groups=num_groups, ddof=settings.std_ddof)
 
     return apply
 

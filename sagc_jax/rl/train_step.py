@@ -102,6 +102,32 @@ def _completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Ar
     return (jnp.arange(n)[None, :] < lengths[:, None]) & loss_rows[:, None]
 
 
+def apply_update(optimizer: optax.GradientTransformation, train: Any, frozen: Any,
+                 opt_state: Any, grads: Any, loss: jax.Array, metrics: dict[str, jax.Array],
+                 adv: jax.Array, scored: jax.Array, norms: Any, rewards: jax.Array,
+                 group_ids: jax.Array, valid: jax.Array, *, num_groups: int,
+                 ddof: int) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """One optimizer update from a full-batch gradient, shared by the padded and packed steps.
+
+    A non-finite loss or gradient norm keeps the old params and optimizer state and reports
+    `finite = 0`. Adds the batch metrics (grad norm, |advantage| over scored rows [R], the
+    zero-std group fraction, loss tokens) to the summed loss `metrics`.
+    """
+    grad_norm = optax.tree.norm(grads)
+    updates, new_opt = optimizer.update(grads, opt_state, train)
+    new_train = optax.apply_updates(train, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    w = scored.astype(jnp.float32)
+    metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
+               "finite": finite.astype(jnp.float32),
+               "adv_abs_mean": (jnp.abs(adv) * w).sum() / jnp.maximum(w.sum(), 1.0),
+               "frac_reward_zero_std": frac_reward_zero_std(
+                   rewards, group_ids, valid, num_groups=num_groups, ddof=ddof),
+               "loss_tokens": norms.tokens}
+    return nnx.merge_state(keep(new_train, train), frozen), keep(new_opt, opt_state), metrics
+
+
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
                     settings: LossSettings, *, num_groups: int, prompt_len: int,
                     micro_batches: int = 1, rows_sharding: Any = None) -> Callable:
@@ -184,21 +210,9 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         zero_m = {k: jnp.zeros((), jnp.float32) for k in METRICS}
         (grads, loss, metrics), _ = jax.lax.scan(
             accumulate, (zeros, jnp.zeros((), jnp.float32), zero_m), split)
-        grad_norm = optax.tree.norm(grads)
-        updates, new_opt = optimizer.update(grads, opt_state, train)
-        new_train = optax.apply_updates(train, updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        w = scored.astype(jnp.float32)
-        metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
-                   "finite": finite.astype(jnp.float32),
-                   "adv_abs_mean": (jnp.abs(adv) * w).sum() / jnp.maximum(w.sum(), 1.0),
-                   "frac_reward_zero_std": frac_reward_zero_std(
-                       batch["rewards"], batch["group_ids"], batch["valid"],
-                       num_groups=num_groups, ddof=s.std_ddof),
-                   "loss_tokens": norms.tokens}
-        return (nnx.merge_state(keep(new_train, train), frozen), keep(new_opt, opt_state),
-                metrics)
+        return apply_update(optimizer, train, frozen, opt_state, grads, loss, metrics, adv,
+                            scored, norms, batch["rewards"], batch["group_ids"], batch["valid"],
+                            num_groups=num_groups, ddof=s.std_ddof)
 
     return step
 
