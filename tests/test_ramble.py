@@ -79,3 +79,20 @@ def test_length_distribution_heavy_tail(train3k):
     share = np.mean(lens > 3 * med)
     assert share > 2 * np.mean(clean > 3 * med) and 0.03 < share < 0.15
     assert np.mean(lens >= 128) > 0.02  # endless rambles pass the CPU configs' cap
+
+
+def test_ramble_rate_from_the_config():
+    """`data.task_ramble_rate` reaches the task (share of rambling SFT demonstrations), and is
+    refused, naming the key, for any other task."""
+    from sagc_jax.config import ConfigError, load_config
+    from sagc_jax.data.pipeline import load_examples
+
+    base = "configs/straggle_cpu.yaml"
+    share = {}
+    for rate in (None, 0.02):
+        cfg = load_config(base, [] if rate is None else [f"data.task_ramble_rate={rate}"])
+        ex = load_examples(cfg, "train")
+        share[rate] = np.mean([ex[i]["ramble"] != "clean" for i in range(4000)])
+    assert 0.045 < share[None] < 0.075 and 0.01 < share[0.02] < 0.03
+    with pytest.raises(ConfigError, match=r"data\.task_ramble_rate"):
+        load_config("configs/tiny_cpu.yaml", ["data.task_ramble_rate=0.02"])

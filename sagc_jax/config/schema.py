@@ -187,6 +187,13 @@ class DataConfig(Section):
     num_eval: Int = field(200, "Held-out examples generated for a built-in task.", ge=0)
     task_min_steps: Int = field(1, "Built-in task: minimum reasoning steps per problem.", ge=1)
     task_max_steps: Int = field(12, "Built-in task: maximum reasoning steps per problem.", ge=1)
+    task_ramble_rate: Float | None = field(
+        None,
+        "Built-in task `ramble` only: fraction of SFT demonstrations that loop on a line (how "
+        "often the warm-started policy rambles); None = the task's default (0.06).",
+        ge=0,
+        lt=1,
+    )
     worker_count: Int = field(0, "grain worker processes; 0 = in-process.", ge=0)
     shards: Int | None = field(
         None,
@@ -206,6 +213,11 @@ class DataConfig(Section):
             )
         if self.task is None and self.train_file is None:
             raise rule_error("task", "exactly one of data.task and data.train_file must be set")
+        if self.task_ramble_rate is not None and self.task != "ramble":
+            raise rule_error(
+                "task_ramble_rate",
+                f"applies to data.task=ramble only (got task={self.task!r})",
+            )
         if self.task_min_steps > self.task_max_steps:
             raise rule_error(
                 "task_min_steps",
@@ -364,6 +376,12 @@ class InitConfig(Section):
         "Orbax params dir to start from instead of the SFT warm start (e.g. another run's "
         "checkpoints/initial): comparisons then share one warm start.",
     )
+    seed: Int | None = field(
+        None,
+        "Seed of the warm start (random model weights, SFT data order and format noise); "
+        "None = run.seed. Runs that set it share one warm start across run seeds, as runs "
+        "from one pretrained checkpoint do; run.seed then varies only the RL part.",
+    )
 
 
 class RewardSpec(Section):
@@ -464,6 +482,11 @@ class Config(Section):
     mesh: MeshConfig = Field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @property
+    def warm_start_seed(self) -> int:
+        """Seed of the model's random init and the SFT warm start: `init.seed`, else `run.seed`."""
+        return self.run.seed if self.init.seed is None else self.init.seed
 
     @model_validator(mode="before")
     @classmethod

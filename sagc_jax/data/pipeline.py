@@ -263,7 +263,8 @@ def load_examples(
     """The example source for a data config (dataclass, namespace or mapping).
 
     Recognised fields (``sagc_jax.config.DataConfig`` names first; ``None`` counts as unset):
-      ``task`` (built-in task name) with ``task_min_steps`` / ``task_max_steps`` and optional
+      ``task`` (built-in task name) with ``task_min_steps`` / ``task_max_steps`` /
+      ``task_ramble_rate`` and optional
       ``task_options`` (dict for :func:`get_task`), or ``train_file`` / ``eval_file``
       (``.jsonl`` or ``.parquet``) with ``prompt_column`` (default ``"prompt"``) and
       ``answer_column`` (default ``"answer"``); ``num_eval`` / ``num_train`` (built-in task sizes;
@@ -297,10 +298,10 @@ def load_examples(
     if name is None:
         raise DataError(f"no {split} data configured: set a built-in task or {split}_file")
     options = dict(_cfg_get(cfg, "task_options", {}))
-    for key in ("min_steps", "max_steps"):
+    for key, cast in (("min_steps", int), ("max_steps", int), ("ramble_rate", float)):
         val = _cfg_get(cfg, f"task_{key}")
         if val is not None:
-            options.setdefault(key, int(val))
+            options.setdefault(key, cast(val))
     task = get_task(name, **options)
     if split == "train":
         seed = int(seed if seed is not None else _cfg_get(cfg, "seed", 0))

@@ -17,10 +17,13 @@ Protocol:
 - **Wall-clock** of a run = sum of `step_s` over its steps (rollout + rewards + update; any
   in-training eval time is subtracted). The SFT warm start (identical for every policy of a
   seed) and the compile warm-up are not counted; compile time is reported in its own column.
-- **Shared SFT.** The SFT warm start depends only on the seed and the model/data/init/sampling
-  sections, so the first run of each seed keeps its post-SFT params under `<out>/sft/s<seed>/`
-  (with a fingerprint of those sections) and later runs of that seed start from them via
-  `init.params` instead of re-running SFT. Each run still writes its own `checkpoints/initial`.
+- **Shared SFT.** The SFT warm start depends only on the warm-start seed (`init.seed`, else
+  the run seed) and the model/data/init/sampling sections, so the first run that needs it keeps
+  its post-SFT params under `<out>/sft/s<warm-start seed>/` (with a fingerprint of those
+  sections) and later runs start from them via `init.params` instead of re-running SFT. With
+  `init.seed` set, every seed starts from one warm start (as runs from one pretrained
+  checkpoint do) and the seeds vary the RL part only. Each run still writes its own
+  `checkpoints/initial`.
 - **Equal wall-clock budgets** (`--budget-s SECONDS|auto`, `--clock model|measured`, see
   `budget.py`): every run is read up to the same clock budget instead of to its last step;
   `--max-steps static-4=40,...` gives each policy its own step cap (cheap-clock policies need
@@ -115,7 +118,7 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
             cfg = cfgs[(pol.name, seed)]
             if train:
                 timings[(pol.name, seed)] = train_run(
-                    cfg, out / "sft" / f"s{seed}" if share_sft else None)
+                    cfg, out / "sft" / f"s{cfg.warm_start_seed}" if share_sft else None)
             else:
                 tp = Path(cfg.run.dir) / TIMING_FILE
                 timings[(pol.name, seed)] = json.loads(tp.read_text()) if tp.is_file() else {}
@@ -141,26 +144,10 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
                 at_step=int(rs[-1]["step"]) if budget is not None and rs else None)
     target_note = "fixed by --target"
     if target is None:
-        first = [float(np.mean([num(r["reward_mean"]) for r in rs[:window]]))
-                 for seeds_ in rows.values() for rs in seeds_.values() if rs]
-        finals = {p: float(np.mean([summarize_run(rs, target=math.inf)["final_reward"]
-                                    for rs in seeds_.values()])) for p, seeds_ in rows.items()}
-        target = auto_target(first, finals)
-        target_note = ("auto: 80 % of the way from the mean initial reward (first "
-                       f"{window} steps) to the best policy's mean final reward")
-    per_run: dict[str, dict[int, dict[str, Any]]] = {}
-    for p in policies:
-        for s in seeds:
-            summ = summarize_run(rows[p.name][s], target=target, window=window,
-                                 seconds=clocks[p.name][s])
-            summ["eval_step"] = evals[(p.name, s)].get("step")
-            summ["eval_accuracy"] = evals[(p.name, s)].get("accuracy")
-            if num_samples:
-                summ[f"pass@{num_samples}"] = evals[(p.name, s)].get(f"pass@{num_samples}")
-            summ["compile_s"] = timings[(p.name, s)].get("compile_s")
-            summ["sft_s"] = timings[(p.name, s)].get("sft_s")
-            summ["sft_shared"] = timings[(p.name, s)].get("sft_shared")
-            per_run.setdefault(p.name, {})[s] = summ
+        target, target_note = _auto_target(rows, window)
+    per_run = {p.name: {s: _run_summary(rows[p.name][s], clocks[p.name][s], target, window,
+                                        evals[(p.name, s)], timings[(p.name, s)], num_samples)
+                        for s in seeds} for p in policies}
     keys = [k for k, _, _ in COLUMNS] + ([f"pass@{num_samples}"] if num_samples else [])
     agg = aggregate(per_run, keys)
 
@@ -179,7 +166,9 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
         "target": target, "target_note": target_note, "window": window,
         "num_samples": num_samples,
         "eval_prompts": next(iter(evals.values())).get("num_prompts"),
-        "sft_note": (f"{np.mean(sft_times):.0f}s per seed, run once per seed and shared"
+        "sft_note": (f"{np.mean(sft_times):.0f}s per warm start, run once and shared "
+                     + ("by every seed (`init.seed` "
+                        f"{base.init.seed})" if base.init.seed is not None else "per seed")
                      if sft_times else "no time in this invocation: restored or skipped"),
         "machine": _machine(), "elapsed_s": time.perf_counter() - t_start,
         "clock": clock, "budget_s": budget,
@@ -200,6 +189,31 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
     logger.info("compare: wrote %s, results.json and plots (%.1f min)", out / "results.md",
                 meta["elapsed_s"] / 60)
     return result
+
+
+def _auto_target(rows: Mapping[str, Mapping[int, list]], window: int) -> tuple[float, str]:
+    """`auto_target` over every run's first `window` steps and each policy's mean final
+    reward; returns (target, the note results.md prints)."""
+    first = [float(np.mean([num(r["reward_mean"]) for r in rs[:window]]))
+             for seeds_ in rows.values() for rs in seeds_.values() if rs]
+    finals = {p: float(np.mean([summarize_run(rs, target=math.inf)["final_reward"]
+                                for rs in seeds_.values()])) for p, seeds_ in rows.items()}
+    return auto_target(first, finals), (
+        "auto: 80 % of the way from the mean initial reward (first "
+        f"{window} steps) to the best policy's mean final reward")
+
+
+def _run_summary(rows: list, seconds: Any, target: float, window: int, ev: Mapping[str, Any],
+                 timing: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
+    """One run's `summarize_run` plus its held-out eval and its SFT / compile timings."""
+    summ = summarize_run(rows, target=target, window=window, seconds=seconds)
+    summ["eval_step"] = ev.get("step")
+    summ["eval_accuracy"] = ev.get("accuracy")
+    if num_samples:
+        summ[f"pass@{num_samples}"] = ev.get(f"pass@{num_samples}")
+    for k in ("compile_s", "sft_s", "sft_shared"):
+        summ[k] = timing.get(k)
+    return summ
 
 
 def _json_default(v: Any) -> Any:

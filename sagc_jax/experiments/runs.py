@@ -1,5 +1,6 @@
 """One comparison run: train it (or resume, or skip when finished) and evaluate its final
-checkpoint. The SFT warm start is shared between the runs of a seed through `init.params`."""
+checkpoint. The SFT warm start is shared between the runs of a warm-start seed through
+`init.params`."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ SFT_FINGERPRINT = "fingerprint.json"
 
 
 def sft_fingerprint(cfg: Any) -> dict[str, Any]:
-    """The config parts the SFT warm start depends on (seed, model, data, init, sampling);
-    `init.params` is left out (it is how a shared warm start is handed on)."""
+    """The config parts the SFT warm start depends on (warm-start seed, model, data, init,
+    sampling); `init.params` is left out (it is how a shared warm start is handed on)."""
     from sagc_jax.config import config_to_dict
 
     d = config_to_dict(cfg)
     init = {k: v for k, v in d["init"].items() if k != "params"}
-    return {"seed": d["run"]["seed"], "init": init,
+    return {"seed": cfg.warm_start_seed, "init": init,
             **{k: d[k] for k in ("model", "data", "sampling")}}
 
 

@@ -23,20 +23,25 @@ def with_lora(mcfg: ModelConfig, lora: Any) -> ModelConfig:
                                lora_targets=tuple(lora.targets))
 
 
+def _seed(cfg: Any) -> int:
+    return getattr(cfg, "warm_start_seed", cfg.run.seed)
+
+
 def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
                 ) -> tuple[Transformer, ModelConfig]:
     """An HF checkpoint (`model.path`, weights loaded onto `mesh`) or a fresh random model from
-    the `model.*` fields (seeded by `run.seed`; the tokenizer supplies vocab and special ids).
-    With `model.lora`, fresh adapters (seeded by `run.seed`) sit beside the base weights."""
+    the `model.*` fields (seeded by `cfg.warm_start_seed`: `init.seed`, else `run.seed`; the
+    tokenizer supplies vocab and special ids). With `model.lora`, fresh adapters (same seed) sit
+    beside the base weights."""
     m = cfg.model
     if m.path is not None:
         model, mcfg = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh)
         model.cfg = with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
         if m.lora is not None:
-            add_lora(model.layers, m.lora.targets, m.lora.rank, nnx.Rngs(cfg.run.seed))
+            add_lora(model.layers, m.lora.targets, m.lora.rank, nnx.Rngs(_seed(cfg)))
         return model, model.cfg
     mcfg = model_config(cfg, vocab_size, tokenizer)
-    return Transformer(mcfg, rngs=nnx.Rngs(cfg.run.seed)), mcfg
+    return Transformer(mcfg, rngs=nnx.Rngs(_seed(cfg))), mcfg
 
 
 def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> ModelConfig:

@@ -29,6 +29,7 @@ of ``top_entropy_quantile`` is likewise a full-batch quantity (:func:`entropy_th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import jax
@@ -186,15 +187,7 @@ def policy_loss(
         ``ratio_mean`` (mean importance weight), ``off_policy_masked`` (fraction of loss tokens
         in off-policy-masked sequences), and ``entropy`` when given.
     """
-    if loss_agg not in LOSS_AGGS:
-        raise ValueError(f"policy_loss: loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
-    if importance_sampling not in IMPORTANCE_SAMPLING:
-        raise ValueError(f"policy_loss: importance_sampling must be one of {IMPORTANCE_SAMPLING}, "
-                         f"got {importance_sampling!r}")
-    if kl_estimator not in ("k1", "k3"):
-        raise ValueError(f"policy_loss: kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
-    if clip_delta is not None and clip_delta <= 1.0:
-        raise ValueError(f"policy_loss: clip_delta must be > 1, got {clip_delta}")
+    _check_options(loss_agg, importance_sampling, kl_estimator, clip_delta)
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
 
@@ -221,17 +214,8 @@ def policy_loss(
     def tok_mean(x: jax.Array) -> jax.Array:
         return (x * m).sum() / n_tok
 
-    # Sanitise before exp: on masked positions the values may be inf/NaN, and a where applied
-    # *after* exp would still leak 0·inf = NaN into the gradient.
-    logp = jnp.where(keep, logprobs, 0.0)
-    log_ratio = jnp.where(keep, logprobs - jax.lax.stop_gradient(old_logprobs), 0.0)
-    tok_ratio = jnp.exp(log_ratio)
-    if importance_sampling == "token":
-        ratio = tok_ratio
-    else:
-        seq_log_ratio = log_ratio.sum(-1) / jnp.maximum(tok_per_seq, 1.0)  # [R]
-        sg = jax.lax.stop_gradient
-        ratio = jnp.exp(sg(seq_log_ratio)[:, None] + logp - sg(logp))  # GSPO-token
+    log_ratio, tok_ratio, ratio = _importance_ratios(logprobs, old_logprobs, keep, tok_per_seq,
+                                                     importance_sampling)
     adv = advantages.astype(jnp.float32)[:, None]
     unclipped = ratio if clip_delta is None else jnp.minimum(ratio, clip_delta)
     pg_tok = -jnp.minimum(unclipped * adv, jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
@@ -249,26 +233,73 @@ def policy_loss(
 
     metrics: dict[str, jax.Array] = {}
     if ref_logprobs is not None and beta != 0.0:
-        d = jnp.where(keep, jax.lax.stop_gradient(ref_logprobs) - logprobs, 0.0)  # ref − logp
-        kl_tok = -d if kl_estimator == "k1" else jnp.exp(d) - d - 1.0
-        if kl_bias_correction:
-            kl_tok = kl_tok * tok_ratio
+        kl_tok = _kl_per_token(logprobs, ref_logprobs, keep, kl_estimator,
+                               tok_ratio if kl_bias_correction else None)
         per_tok = per_tok + beta * kl_tok
         metrics["kl"] = tok_mean(kl_tok)
     else:
         metrics["kl"] = jnp.zeros((), jnp.float32)
 
-    # Tokens where the min picks a flat (clipped) branch → zero surrogate gradient.
-    low = (adv < 0) & (ratio < 1.0 - eps_low)
-    high = (adv > 0) & (ratio > 1.0 + eps_high)
-    capped = (adv < 0) & (ratio > clip_delta) if clip_delta is not None else False
-    metrics["clip_ratio"] = tok_mean((low | high | capped).astype(jnp.float32))
-    metrics["clip_ratio_low"] = tok_mean(low.astype(jnp.float32))
-    metrics["clip_ratio_high"] = tok_mean(high.astype(jnp.float32))
-    metrics["ratio_mean"] = tok_mean(ratio)
+    metrics.update(_clip_metrics(adv, ratio, eps_low, eps_high, clip_delta, tok_mean))
     metrics["off_policy_masked"] = metrics_off
     metrics["pg_loss"] = agg(pg_tok)
     if entropy is not None:
         metrics["entropy"] = tok_mean(jnp.where(keep, entropy, 0.0))
     metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
     return agg(per_tok), metrics
+
+
+def _check_options(loss_agg: str, importance_sampling: str, kl_estimator: str,
+                   clip_delta: float | None) -> None:
+    """ValueError naming `policy_loss` and the bad option."""
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"policy_loss: loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    if importance_sampling not in IMPORTANCE_SAMPLING:
+        raise ValueError(f"policy_loss: importance_sampling must be one of {IMPORTANCE_SAMPLING}, "
+                         f"got {importance_sampling!r}")
+    if kl_estimator not in ("k1", "k3"):
+        raise ValueError(f"policy_loss: kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
+    if clip_delta is not None and clip_delta <= 1.0:
+        raise ValueError(f"policy_loss: clip_delta must be > 1, got {clip_delta}")
+
+
+def _importance_ratios(logprobs: jax.Array, old_logprobs: jax.Array, keep: jax.Array,
+                       tok_per_seq: jax.Array, importance_sampling: str
+                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(log_ratio, token ratio, the ratio the surrogate uses)``, each ``f32[R, T]``, 0 / 1 on
+    masked positions. ``"sequence"`` is GSPO-token: the sequence's mean log-ratio as the value,
+    the token's own gradient."""
+    # Sanitise before exp: on masked positions the values may be inf/NaN, and a where applied
+    # *after* exp would still leak 0·inf = NaN into the gradient.
+    sg = jax.lax.stop_gradient
+    log_ratio = jnp.where(keep, logprobs - sg(old_logprobs), 0.0)
+    tok_ratio = jnp.exp(log_ratio)
+    if importance_sampling == "token":
+        return log_ratio, tok_ratio, tok_ratio
+    logp = jnp.where(keep, logprobs, 0.0)
+    seq_log_ratio = log_ratio.sum(-1) / jnp.maximum(tok_per_seq, 1.0)  # [R]
+    return log_ratio, tok_ratio, jnp.exp(sg(seq_log_ratio)[:, None] + logp - sg(logp))
+
+
+def _kl_per_token(logprobs: jax.Array, ref_logprobs: jax.Array, keep: jax.Array,
+                  kl_estimator: str, bias_weight: jax.Array | None) -> jax.Array:
+    """``f32[R, T]`` KL(π_θ ‖ π_ref) estimate per token (nats), 0 on masked positions; times
+    ``bias_weight`` (the token ratio: DeepSeek-V3.2's bias correction) when given."""
+    d = jnp.where(keep, jax.lax.stop_gradient(ref_logprobs) - logprobs, 0.0)  # ref − logp
+    kl_tok = -d if kl_estimator == "k1" else jnp.exp(d) - d - 1.0
+    return kl_tok if bias_weight is None else kl_tok * bias_weight
+
+
+def _clip_metrics(adv: jax.Array, ratio: jax.Array, eps_low: float, eps_high: float,
+                  clip_delta: float | None, tok_mean: Callable[[jax.Array], jax.Array]
+                  ) -> dict[str, jax.Array]:
+    """Token fractions where the min picks a flat (clipped) branch, i.e. a zero surrogate
+    gradient (``clip_ratio``: low, high or δ; TRL's ``clip_ratio_low`` / ``_high``), and the
+    mean importance weight. ``adv`` ``f32[R, 1]``, ``ratio`` ``f32[R, T]``."""
+    low = (adv < 0) & (ratio < 1.0 - eps_low)
+    high = (adv > 0) & (ratio > 1.0 + eps_high)
+    capped = (adv < 0) & (ratio > clip_delta) if clip_delta is not None else False
+    return {"clip_ratio": tok_mean((low | high | capped).astype(jnp.float32)),
+            "clip_ratio_low": tok_mean(low.astype(jnp.float32)),
+            "clip_ratio_high": tok_mean(high.astype(jnp.float32)),
+            "ratio_mean": tok_mean(ratio)}

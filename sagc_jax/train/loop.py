@@ -25,6 +25,7 @@ import numpy as np
 
 from sagc_jax import checkpoint as ckpt
 from sagc_jax.config import Config, config_to_dict, save_config
+from sagc_jax.data.pipeline import load_examples
 from sagc_jax.errors import TrainingError
 from sagc_jax.evaluate import greedy_accuracy
 from sagc_jax.models.lora import checkpointed, with_base
@@ -67,7 +68,7 @@ def _recipe(cfg: Config) -> dict[str, Any]:
     s = cfg.sampling
     return json.loads(json.dumps({
         "init": config_to_dict(cfg.init), "data": config_to_dict(cfg.data),
-        "seed": cfg.run.seed, "sft_len": s.prompt_buckets[-1] + s.max_new_tokens}))
+        "seed": cfg.warm_start_seed, "sft_len": s.prompt_buckets[-1] + s.max_new_tokens}))
 
 
 def _saved_warm_start(run: Run) -> bool:
@@ -94,9 +95,12 @@ def _fresh_params(run: Run, check: Callable[[str], None]) -> str:
         run.state.params = ckpt.restore_params(cfg.init.params, run.state.params)
         how = f"fresh start from init.params {cfg.init.params}"
     else:
+        # The SFT examples follow the warm-start seed (`init.seed`), the RL prompts `run.seed`.
+        examples = run.train_examples if cfg.warm_start_seed == cfg.run.seed else \
+            load_examples(cfg.data, "train", seed=cfg.warm_start_seed)
         run.state.params, losses = sft_warm_start(
             cfg, run.state.params, graphdef=run.graphdef, param_shardings=run.param_shardings,
-            mesh=run.mesh, examples=run.train_examples, tokenizer=run.tokenizer,
+            mesh=run.mesh, examples=examples, tokenizer=run.tokenizer,
             progress=run.show_progress, check=check)
         how = f"fresh start; SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else \
             "fresh start"

@@ -65,9 +65,9 @@ def sft_warm_start(cfg: Any, params: Any, *, graphdef: nnx.GraphDef, param_shard
     s = cfg.sampling
     seq_len = s.prompt_buckets[-1] + s.max_new_tokens
     if cfg.init.sft_format_noise > 0:
-        examples = FormatNoise(examples, cfg.init.sft_format_noise, cfg.run.seed)
+        examples = FormatNoise(examples, cfg.init.sft_format_noise, cfg.warm_start_seed)
     batches = make_sft_batches(examples, tokenizer=tokenizer, batch_size=cfg.init.sft_batch_size,
-                               seed=cfg.run.seed + 1, num_epochs=None,
+                               seed=cfg.warm_start_seed + 1, num_epochs=None,
                                chat_template=cfg.data.chat_template,
                                pad_multiple=32)  # few distinct lengths = few compiles
     losses: list[float] = []
