@@ -20,4 +20,4 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,17p' "$0" | sed 's/^# 
 if [[ ${1:-} == -o ]]; then out=${2:?-o needs a directory}; shift 2; fi
 exec "$(dirname "${BASH_SOURCE[0]}")/compare.sh" -c configs/compare_straggle_cpu.yaml -o "$out" \
   --seeds 0,1,2,3,4 --policies static-4,static-8,static-16,sagc --budget-s auto --clock model \
-  --max-steps static-4=64,static-8=56,static-16=48,sagc=60 "$@"
+  --max-steps static-4=64,static-8=56,static-16=52,sagc=60 "$@"

@@ -20,6 +20,12 @@ import logging  # noqa: E402  (after the environment above)
 import pytest  # noqa: E402
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per core, at most 4 (each holds a JAX runtime and its compiles;
+    the suite is compile-bound and XLA:CPU compiles on one thread)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 @pytest.fixture
 def sagc_log():
     """Messages of the `sagc_jax` loggers during a test, whichever handlers the CLI installed
