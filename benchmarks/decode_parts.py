@@ -29,14 +29,36 @@ P, G, H, L, N, K, D, I, V, M = 8, 16, 256, 4, 8, 2, 32, 704, 4096, 128
 R = P * G
 
 
-def best_ms(f: Callable, x: jax.Array, steps: int) -> float:
+def best_ms(f: Callable, x: jax.Array, steps: int, repeats: int = 5) -> float:
+    """ms per loop iteration of `f(x)` (a jitted `steps`-iteration loop): best of `repeats`
+    after one warm-up call."""
     jax.block_until_ready(f(x))
     times = []
-    for _ in range(5):
+    for _ in range(repeats):
         t = time.perf_counter()
         jax.block_until_ready(f(x))
         times.append(time.perf_counter() - t)
     return min(times) / steps * 1e3
+
+
+def dense_chain(mats: list[jax.Array], head: jax.Array, steps: int) -> Callable:
+    """A decode step's dense matmuls alone: `mats` = stacked [L, in, out] q, k, v, o, gate, up,
+    down kernels, `head` [H, V]; unrolled over layers inside a `steps`-iteration `fori_loop`,
+    as the decode body. Returns the jitted x [rows, H] -> x."""
+    h = head.shape[0]
+
+    @jax.jit
+    def dense(x: jax.Array) -> jax.Array:
+        def body(_: int, x: jax.Array) -> jax.Array:
+            for i in range(mats[0].shape[0]):
+                wq, wk, wv, wo, wg, wu, wd = (m[i] for m in mats)
+                kv = (x @ wk).sum(-1, keepdims=True) + (x @ wv).sum(-1, keepdims=True)
+                x = x + (x @ wq) @ wo + kv * 1e-9
+                x = x + (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
+            return x + 1e-9 * (x @ head)[:, :h]
+        return jax.lax.fori_loop(0, steps, body, x)
+
+    return dense
 
 
 def main() -> None:
@@ -50,20 +72,9 @@ def main() -> None:
     def rnd(*shape: int) -> jax.Array:
         return jax.random.normal(next(ks), shape) * 0.02
 
-    w = [rnd(L, H, N * D), rnd(L, H, K * D), rnd(L, H, K * D), rnd(L, N * D, H), rnd(L, H, I),
-         rnd(L, H, I), rnd(L, I, H)]
-    head = rnd(H, V)
-
-    @jax.jit
-    def dense(x: jax.Array) -> jax.Array:
-        def body(_: int, x: jax.Array) -> jax.Array:
-            for i in range(L):
-                wq, wk, wv, wo, wg, wu, wd = (m[i] for m in w)
-                kv = (x @ wk).sum(-1, keepdims=True) + (x @ wv).sum(-1, keepdims=True)
-                x = x + (x @ wq) @ wo + kv * 1e-9
-                x = x + (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
-            return x + 1e-9 * (x @ head)[:, :H]
-        return jax.lax.fori_loop(0, steps, body, x)
+    dense = dense_chain([rnd(L, H, N * D), rnd(L, H, K * D), rnd(L, H, K * D),
+                         rnd(L, N * D, H), rnd(L, H, I), rnd(L, H, I), rnd(L, I, H)],
+                        rnd(H, V), steps)
 
     pk, pv = rnd(L, P, K, D, lp), rnd(L, P, K, lp, D)
     gk, gv = rnd(L, R, K, D, M), rnd(L, R, K, M, D)

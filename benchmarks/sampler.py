@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from decode_parts import best_ms, dense_chain  # benchmarks/ (the script's directory)
 from flax import nnx
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -210,36 +211,16 @@ def roofline_s(cfg: ModelConfig, lp: int, bw: float, flops_rate: float) -> tuple
 
 
 def breakdown(model: Any, step_s: float, steps: int = 32) -> str:
-    """Where a decode step's time goes: the step's dense matmuls alone (every layer's q/k/v/o
-    and MLP, and the LM head, at ROWS rows, chained in a `fori_loop` like the decode loop)
-    against the measured step; the rest is attention over the cache, norms, RoPE, sampling and
-    loop overhead."""
+    """Where a decode step's time goes: the step's dense matmuls alone (`decode_parts.
+    dense_chain` with this model's weights at ROWS rows) against the measured step; the rest is
+    attention over the cache, norms, RoPE, sampling and loop overhead."""
     layers = model.layers
     mats = [jnp.asarray(getattr(layers, n)[...]) for n in
             ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
     head = jnp.asarray(model.lm_head[...]) if hasattr(model, "lm_head") else \
         jnp.asarray(model.embed[...]).T
-    h = head.shape[0]
-
-    @jax.jit
-    def chain(x: jax.Array) -> jax.Array:
-        def body(_: int, x: jax.Array) -> jax.Array:
-            for i in range(mats[0].shape[0]):  # unrolled over layers, as the decode body
-                wq, wk, wv, wo, wg, wu, wd = (m[i] for m in mats)
-                q, k, v = x @ wq, x @ wk, x @ wv
-                x = x + q @ wo + (k.sum(-1, keepdims=True) + v.sum(-1, keepdims=True)) * 1e-9
-                x = x + (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
-            return x + 1e-9 * (x @ head)[:, :h]
-        return jax.lax.fori_loop(0, steps, body, x)
-
-    x = jnp.ones((ROWS, h), jnp.float32) * 1e-3
-    jax.block_until_ready(chain(x))
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        jax.block_until_ready(chain(x))
-        times.append(time.perf_counter() - t)
-    dense = _best(times) / steps
+    x = jnp.ones((ROWS, head.shape[0]), jnp.float32) * 1e-3
+    dense = best_ms(dense_chain(mats, head, steps), x, steps, repeats=3) / 1e3
     return (f"decode step {step_s * 1e3:.1f} ms = dense matmuls {dense * 1e3:.1f} ms "
             f"({dense / step_s:.0%}) + the rest {(step_s - dense) * 1e3:.1f} ms")
 

@@ -153,6 +153,8 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
 
     base = cfgs[(policies[0].name, seeds[0])]
     sagc_cfg = next((cfgs[(p.name, seeds[0])] for p in policies if p.group_size is None), base)
+    shared_by = ("per seed" if base.init.seed is None
+                 else f"by every seed (`init.seed` {base.init.seed})")
     sft_times = [t.get("sft_s") for t in timings.values()
                  if t.get("sft_s") and not t.get("sft_shared")]
     meta = {
@@ -166,9 +168,7 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
         "target": target, "target_note": target_note, "window": window,
         "num_samples": num_samples,
         "eval_prompts": next(iter(evals.values())).get("num_prompts"),
-        "sft_note": (f"{np.mean(sft_times):.0f}s per warm start, run once and shared "
-                     + ("by every seed (`init.seed` "
-                        f"{base.init.seed})" if base.init.seed is not None else "per seed")
+        "sft_note": (f"{np.mean(sft_times):.0f}s per warm start, run once and shared {shared_by}"
                      if sft_times else "no time in this invocation: restored or skipped"),
         "machine": _machine(), "elapsed_s": time.perf_counter() - t_start,
         "clock": clock, "budget_s": budget,

@@ -23,10 +23,6 @@ def with_lora(mcfg: ModelConfig, lora: Any) -> ModelConfig:
                                lora_targets=tuple(lora.targets))
 
 
-def _seed(cfg: Any) -> int:
-    return getattr(cfg, "warm_start_seed", cfg.run.seed)
-
-
 def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
                 ) -> tuple[Transformer, ModelConfig]:
     """An HF checkpoint (`model.path`, weights loaded onto `mesh`) or a fresh random model from
@@ -38,10 +34,10 @@ def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
         model, mcfg = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh)
         model.cfg = with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
         if m.lora is not None:
-            add_lora(model.layers, m.lora.targets, m.lora.rank, nnx.Rngs(_seed(cfg)))
+            add_lora(model.layers, m.lora.targets, m.lora.rank, nnx.Rngs(cfg.warm_start_seed))
         return model, model.cfg
     mcfg = model_config(cfg, vocab_size, tokenizer)
-    return Transformer(mcfg, rngs=nnx.Rngs(_seed(cfg))), mcfg
+    return Transformer(mcfg, rngs=nnx.Rngs(cfg.warm_start_seed)), mcfg
 
 
 def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> ModelConfig:
