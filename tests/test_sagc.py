@@ -24,7 +24,7 @@ from sagc_jax.sagc import (
     straggler_events,
 )
 from sagc_jax.sagc.betaq import beta_quantile, betainc
-from sagc_jax.sagc.estimators import binom_llr, binom_llr2
+from sagc_jax.sagc.estimators import benefit_rate, binom_llr, binom_llr2, truncation_rate
 from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step
 
 # Accelerator-like workload pieces reused below (see configs/sim/*.yaml for the benchmarks).
@@ -330,3 +330,34 @@ def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
     pol0, _ = _run_sagc(_sim(30, wl, sagc={"credit_cap": 0.0}))
     assert float(pol0.state["credit"]) == 0.0
     assert choose(pol0.cfg, pol0.state)[1]["risk_cap"] == pytest.approx(0.1)
+
+
+def test_benefit_rate_projects_the_current_regime_to_the_horizon():
+    cfg = SAGCConfig(horizon=1000)
+    state = init_state(cfg)
+    ben, cost = np.array([5.0, 8.0]), np.array([10.0, 20.0])
+    # No timed step yet: the best predicted benefit per second.
+    assert benefit_rate(cfg, state, ben, cost) == pytest.approx(0.5)
+    # 400 steps so far at 0.8 benefit/s overall; the recent regime runs 6 per 30 s (0.2/s).
+    state["step"] = np.array(400)
+    state["total_s"] = np.array([3200.0, 4000.0])
+    state["rate_now"] = np.array([60.0, 300.0, 10.0])
+    lam = benefit_rate(cfg, state, ben, cost)
+    assert lam == pytest.approx((3200 + 600 * 6) / (4000 + 600 * 30))  # 600 steps left
+    # Near the end the run's own rate dominates; without a horizon, the discounted rate.
+    state["step"] = np.array(999)
+    assert benefit_rate(cfg, state, ben, cost) == pytest.approx((3200 + 6) / (4000 + 30))
+    state["rate_s"] = np.array([1.0, 4.0])
+    assert benefit_rate(SAGCConfig(), state, ben, cost) == pytest.approx(0.25)
+
+
+def test_truncation_rate_prior_is_the_run_so_far():
+    state = init_state(SAGCConfig())
+    state["trunc_total"] = np.array([10_000.0, 20.0])  # 0.2 % of rows looped over the run
+    state["trunc_s"] = np.zeros(2)  # ... and a change point just restarted the regime memory
+    assert truncation_rate(state) == pytest.approx(20.1 / 10_001, rel=1e-9)
+    # A long clean regime outweighs the prior (worth 1000 rows).
+    state["trunc_s"] = np.array([100_000.0, 10.0])
+    p0 = 20.1 / 10_001
+    assert truncation_rate(state) == pytest.approx((10 + 1000 * p0) / 101_000, rel=1e-9)
+    assert 1e-4 < truncation_rate(state) < 1.3e-4

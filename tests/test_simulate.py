@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sagc_jax.sagc.config import SAGCConfig
-from sagc_jax.sagc.oracle import phase_bounds, solve_oracle
+from sagc_jax.sagc.oracle import phase_bounds, solve_causal, solve_oracle
 from sagc_jax.sagc.simulate import (
     apply_overrides,
     load_sim_config,
@@ -40,7 +40,7 @@ def test_simulate_main_writes_json_png_and_table(tmp_path, capsys):
     rc = simulate_main([*args, "--plot", str(png)])
     assert rc == 0
     res = json.loads(out.read_text())
-    assert set(res["policies"]) == {"static-4", "static-8", "sagc", "oracle"}
+    assert set(res["policies"]) == {"static-4", "static-8", "sagc", "causal", "oracle"}
     for v in res["policies"].values():
         for key in ("straggler_rate", "step_s", "benefit_per_s", "mean_group_size", "meets_delta"):
             assert key in v
@@ -58,6 +58,8 @@ def test_simulate_main_writes_json_png_and_table(tmp_path, capsys):
     )
     assert pols["oracle"]["benefit_per_s"] >= best - 1e-9
     assert pols["oracle"]["straggler_rate"] <= res["delta"] + 1e-9
+    # Hindsight can only help: the causal ceiling is one of the oracle's feasible schedules.
+    assert pols["causal"]["benefit_per_s"] <= pols["oracle"]["benefit_per_s"] + 1e-9
 
 
 @pytest.mark.parametrize(
@@ -168,7 +170,8 @@ def test_shipped_configs_parse():
     for name in sorted(names):
         sim = load_sim_config(f"configs/sim/{name}.yaml")
         assert sim.sagc.group_sizes == (4, 8, 12, 16) and sim.sagc.delta == 0.1
-        assert sim.sagc == SAGCConfig(seed=sim.seed)  # one set of defaults, nothing tuned
+        # One set of defaults, nothing tuned; the run's length is the horizon, as in the trainer.
+        assert sim.sagc == SAGCConfig(seed=sim.seed, horizon=sim.steps)
     assert load_sim_config("configs/sim/slow_drift.yaml").ramps == ((0, 1500),)
 
 
@@ -193,6 +196,30 @@ def test_oracle_matches_grid_search_and_uses_budget_credit():
     np.testing.assert_allclose(sol.fractions.sum(1), 1.0)
     assert sol.fractions[1, 1] > 0  # spends light-phase credit in the heavy phase
     infeasible = solve_oracle(steps, b, c, r + 0.5, 0.1, (4, 8))
+    assert not infeasible.feasible and (infeasible.fractions[:, 0] == 1).all()
+
+
+def test_causal_ceiling_plans_without_foresight():
+    # Phase 0 is light: rung 0 has the better benefit per second there. Phase 1 is 5x slower.
+    # Hindsight prices phase-0 time at the whole run's (lower) rate and runs rung 1 in both;
+    # a controller without foresight runs phase 0's local optimum, then re-plans.
+    steps = np.array([100.0, 100.0])
+    b = np.array([[1.0, 1.5], [1.0, 1.5]])
+    c = np.array([[1.0, 1.6], [5.0, 5.6]])
+    r = np.zeros((2, 2))
+    hind = solve_oracle(steps, b, c, r, 0.1, (4, 8))
+    causal = solve_causal(steps, b, c, r, 0.1, (4, 8))
+    np.testing.assert_allclose(hind.fractions, [[0, 1], [0, 1]], atol=1e-6)
+    np.testing.assert_allclose(causal.fractions, [[1, 0], [0, 1]], atol=1e-6)
+    assert hind.benefit_per_s == pytest.approx(300 / 720)
+    assert causal.benefit_per_s == pytest.approx(250 / 660)
+    assert causal.benefit_per_s < hind.benefit_per_s
+    # One phase: nothing to foresee, the two agree; the budget binds the same way.
+    b1, c1, r1 = np.array([[1.0, 2.0]]), np.array([[1.0, 1.6]]), np.array([[0.02, 0.3]])
+    one = [solve(steps[:1], b1, c1, r1, 0.1, (4, 8)) for solve in (solve_oracle, solve_causal)]
+    np.testing.assert_allclose(one[0].fractions, one[1].fractions, atol=1e-6)
+    assert one[1].straggler_rate == pytest.approx(0.1)
+    infeasible = solve_causal(steps, b, c, r + 0.5, 0.1, (4, 8))
     assert not infeasible.feasible and (infeasible.fractions[:, 0] == 1).all()
 
 

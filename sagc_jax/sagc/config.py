@@ -118,7 +118,16 @@ class SAGCConfig(Section):
         "J(g) = (benefit/cost) / max(benefit/cost) of DESIGN.md.",
     )
     rate_half_life: Float = field(
-        500.0, "Steps; memory of lambda, the realised benefit per second.", gt=0
+        500.0,
+        "Steps; memory of lambda, the realised benefit per second, when horizon is unknown.",
+        gt=0,
+    )
+    horizon: Int | None = field(
+        None,
+        "Steps in the run (the trainer fills in run.steps, the simulator its steps). Known: "
+        "lambda is the benefit per second the run would end at if the current regime lasted to "
+        "the end (certainty equivalence); None: the discounted realised rate.",
+        ge=1,
     )
     change_threshold: Float = field(
         15.0,

@@ -63,6 +63,7 @@ def init_state(cfg: SAGCConfig) -> State:
         "pass_s": np.zeros(3, f64),  # discounted sums: groups, E[p] est., E[p^2] est.
         "eps_ring": np.ones(cfg.window_rows, f64),  # untruncated row length / its group median
         "trunc_s": np.zeros(2, f64),  # discounted sums: rows, truncated rows
+        "trunc_total": np.zeros(2, f64),  # the same over the whole run (the prior's mean)
         "rows_seen": np.array(0, np.int64),
         "med_ring": np.ones(cfg.window_groups, f64),  # recent group medians (tokens)
         "groups_seen": np.array(0, np.int64),
@@ -74,6 +75,8 @@ def init_state(cfg: SAGCConfig) -> State:
         "hist_n": np.zeros((cfg.change_window, k), f64),  # weighted groups per rung
         "hist_tr": np.zeros((cfg.change_window, 3), f64),  # rows, truncated rows, groups
         "rate_s": np.zeros(2, f64),  # discounted realised benefit, seconds (λ)
+        "total_s": np.zeros(2, f64),  # the same, undiscounted, over the whole run
+        "rate_now": np.zeros(3, f64),  # benefit, seconds, steps; recent (half_life)
         "changes": np.array(0, np.int64),  # change points detected so far
         "change_step": np.array(0, np.int64),  # first step of the current regime
         "last_llr": np.array(0.0, f64),  # largest change statistic of the last step
@@ -126,6 +129,7 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     lam_len = 0.5 ** (1.0 / cfg.length_half_life)
     tr_step = np.array([rows, truncated.sum()], np.float64)
     new["trunc_s"] = lam_len * state["trunc_s"] + tr_step
+    new["trunc_total"] = state["trunc_total"] + tr_step
     new["hist_tr"] = np.roll(state["hist_tr"], 1, axis=0)
     new["hist_tr"][0] = [rows, truncated.sum(), p_groups]
     new["hist_a"] = np.roll(state["hist_a"], 1, axis=0)
@@ -173,6 +177,9 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
         sec = float(obs.decode_s) + max(float(obs.prefill_s), 0.0)
         ben = realised_benefit(rewards, cfg.pass_threshold)
         new["rate_s"] = lam_r * state["rate_s"] + np.array([ben, sec])
+        new["total_s"] = state["total_s"] + np.array([ben, sec])
+        lam = 0.5 ** (1.0 / cfg.half_life)
+        new["rate_now"] = lam * state["rate_now"] + np.array([ben, sec, 1.0])
         per_step = float(obs.decode_s) / int(obs.decode_steps)
         pre = max(float(obs.prefill_s), 0.0)
         a = cfg.cost_ema if state["measured"][i_g] else 1.0
@@ -254,7 +261,7 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     cost = predicted_cost(cfg, state)
     benefit = predicted_benefit(cfg, state)
     ratio = benefit / np.maximum(cost, 1e-12)
-    lam_rate = benefit_rate(state, float(ratio.max()))
+    lam_rate = benefit_rate(cfg, state, benefit, cost)
     if cfg.objective == "rate":
         # Benefit/s over the run is a ratio of sums: a step adds benefit - λ·seconds to it
         # (Dinkelbach). Scaled by the largest benefit so V stays dimensionless.

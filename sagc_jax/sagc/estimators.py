@@ -54,14 +54,29 @@ def batch_prompts(cfg: Any, state: State) -> np.ndarray:
     return np.array([prompts_for(cfg, g, b) for g in cfg.group_sizes], np.int64)
 
 
-def truncation_rate(state: State) -> float:
-    """Per-row truncation rate from discounted counts.
+_PRIOR_ROWS = 1000.0  # weight of the truncation-rate prior, in rows
 
-    Prior: 0.1 pseudo-truncations in 1 pseudo-row. Truncations are rare (~1e-3/row), so a
-    Jeffreys 0.5 would bias the rate (and the cost of large g) upward by 0.5 / effective rows.
+
+def _trunc_beta(state: State) -> tuple[float, float]:
+    """Beta posterior (a, b) of the per-row truncation rate in the current regime.
+
+    Prior: the whole run's pooled rate (itself with 0.1 pseudo-truncations in 1 pseudo-row),
+    worth _PRIOR_ROWS rows; empirical Bayes: a regime that has just begun is a priori like the
+    run so far, not free of loops — a few hundred clean rows after a change would otherwise
+    price the largest rungs as if loops were gone.
     """
+    all_rows, all_trunc = state["trunc_total"]
+    p0 = (float(all_trunc) + 0.1) / (float(all_rows) + 1.0)
     rows, trunc = state["trunc_s"]
-    return float((trunc + 0.1) / (rows + 1.0))
+    a = float(trunc) + _PRIOR_ROWS * p0
+    b = max(float(rows - trunc), 0.0) + _PRIOR_ROWS * (1.0 - p0)
+    return a, b
+
+
+def truncation_rate(state: State) -> float:
+    """Per-row truncation rate: the posterior mean of ``_trunc_beta``."""
+    a, b = _trunc_beta(state)
+    return a / (a + b)
 
 
 def expected_decode_steps(
@@ -205,8 +220,22 @@ def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
     return float(((k > 0) & (k < g)).sum()) * (1.0 - 1.0 / g)
 
 
-def benefit_rate(state: State, predicted: float) -> float:
-    """λ: the long-run benefit per second realised so far (discounted sums); ``predicted`` (the
-    best predicted benefit/cost) until a timed step has been seen."""
+def benefit_rate(cfg: Any, state: State, benefit: np.ndarray, cost: np.ndarray) -> float:
+    """λ, the price of a second in the run-long objective Σ benefit / Σ seconds (Dinkelbach).
+
+    benefit, cost: predicted per-step benefit and seconds at each rung, float [K]. With a known
+    ``cfg.horizon``: the best final rate the run could reach if the current regime lasted for
+    the H = horizon - step steps left, max_g (B + H b_g) / (C + H c_g) with B, C the realised
+    totals so far — the causal ceiling's certainty-equivalent plan (oracle.py), which prices
+    time early in a run at the current rate and late in it at the run's own. Without a horizon:
+    the discounted realised rate (``rate_half_life``). Either way the best predicted
+    benefit/cost until a timed step has been seen.
+    """
+    ratio = float((benefit / np.maximum(cost, 1e-12)).max())
+    ben_now, sec_now, n_now = state["rate_now"]
+    if cfg.horizon is not None and sec_now > 0:
+        big_b, big_c = state["total_s"]
+        h = max(int(cfg.horizon) - int(state["step"]), 1)
+        return float((big_b + h * ben_now / n_now) / (big_c + h * sec_now / n_now))
     ben, sec = state["rate_s"]
-    return float(ben / sec) if sec > 0 and ben > 0 else predicted
+    return float(ben / sec) if sec > 0 and ben > 0 else ratio

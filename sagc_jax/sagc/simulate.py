@@ -111,7 +111,8 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
     sagc_raw = raw.get("sagc") or {}
     if not isinstance(sagc_raw, dict):
         raise ValueError(f"sagc: a mapping, got {sagc_raw!r}")
-    sagc = SAGCConfig.from_dict({"seed": seed, **sagc_raw})
+    # The run's length is known, as in the trainer (run.steps), unless the config says otherwise.
+    sagc = SAGCConfig.from_dict({"seed": seed, "horizon": steps, **sagc_raw})
 
     wl = raw.get("workload") or {}
     if not isinstance(wl, dict):
@@ -304,10 +305,13 @@ def oracle_phases(sim: SimConfig) -> list[int]:
     return phase_bounds(sim.steps, list(sim.drift_steps), list(sim.ramps), sim.oracle_window)
 
 
-def oracle_summary(sim: SimConfig, traj: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
-    """The hindsight oracle (oracle.py) over the static-g trajectories, as a policy entry."""
+def oracle_summary(
+    sim: SimConfig, traj: dict[str, dict[str, np.ndarray]], causal: bool = False
+) -> dict[str, Any]:
+    """The hindsight oracle (or, ``causal``, the no-foresight ceiling; oracle.py) over the
+    static-g trajectories, as a policy entry."""
     sched, phases = oracle_from_trajectories(
-        traj, sim.sagc.group_sizes, oracle_phases(sim), sim.sagc.delta
+        traj, sim.sagc.group_sizes, oracle_phases(sim), sim.sagc.delta, causal=causal
     )
     res: dict[str, Any] = {
         "straggler_rate": sched.straggler_rate,
@@ -323,9 +327,11 @@ def oracle_summary(sim: SimConfig, traj: dict[str, dict[str, np.ndarray]]) -> di
 
 
 def simulate(sim: SimConfig) -> dict[str, Any]:
-    """Run all static policies and SAGC, then the oracle; returns {"policies": ..., ...}."""
+    """Run all static policies and SAGC, then the causal ceiling and the hindsight oracle;
+    returns {"policies": ..., ...}."""
     traj = run_policies(sim, make_policies(sim.sagc))
     policies = summarize(sim, traj)
+    policies["causal"] = oracle_summary(sim, traj, causal=True)
     policies["oracle"] = oracle_summary(sim, traj)
     return {
         "policies": policies,
