@@ -305,7 +305,9 @@ def test_sagc_section_declared_once() -> None:
 
     sim = parse_sim_config({"seed": 0})
     assert type(Config().sagc) is SAGCConfig is ControllerSAGC
-    assert sim.sagc == Config().sagc == SAGCConfig()
+    # The same defaults; each fills in its own run length as the horizon.
+    assert sim.sagc.model_copy(update={"horizon": None}) == Config().sagc == SAGCConfig()
+    assert sim.sagc.horizon == sim.steps
     s = SAGCConfig()
     assert (s.half_life, s.risk, s.warmup_steps, s.tau) == (100.0, "q90", 4, 2.0)
     assert parse_sim_config({"seed": 7}).sagc.seed == 7  # the simulator's seed seeds SAGC
@@ -361,3 +363,12 @@ def test_algo_options_load() -> None:
     assert a.kl_bias_correction is True and a.clip_delta == 3.0 and a.top_entropy_quantile == 0.2
     default = load_config(None, []).algo
     assert default.adv_eps == 1e-4 and default.clip_delta is None and default.std_ddof == 0
+
+
+def test_sagc_horizon_is_the_run_length_unless_set() -> None:
+    from sagc_jax.train.setup import _with_horizon
+
+    assert _with_horizon(load_config(None, ["run.steps=77"])).horizon == 77
+    assert _with_horizon(load_config(None, ["run.steps=77", "sagc.horizon=500"])).horizon == 500
+    with pytest.raises(ConfigError, match=r"sagc\.horizon"):
+        load_config(None, ["sagc.horizon=0"])
