@@ -152,8 +152,15 @@ def restore_pure_params(path: str | Path, target: Any, step: int | None = None) 
     verified against the saved fingerprints (`<dir>.checksums.json`, or the step's `meta`)."""
     path = Path(path).absolute()
     if step is None:
-        with ocp.StandardCheckpointer() as c:
-            pure = c.restore(path, target)
+        try:
+            with ocp.StandardCheckpointer() as c:
+                pure = c.restore(path, target)
+        except (ValueError, OSError, RuntimeError) as e:
+            # Damage that breaks decoding (a flipped byte in a zstd chunk, a truncated file)
+            # surfaces here, before any checksum can be compared.
+            if not _checksums_file(path).is_file():
+                raise  # not one of ours: Orbax's own message (shapes, structure) says more
+            raise CheckpointCorruptError(f"{path}: unreadable ({error_line(e)})") from None
         sums = _checksums_file(path)
         if sums.is_file():
             try:

@@ -356,11 +356,11 @@ def format_table(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, v in pols.items():
-        rel = v["benefit_per_s"] / best_static if math.isfinite(best_static) else float("nan")
-        rel_o = v["benefit_per_s"] / oracle if oracle > 0 else float("nan")
+        rel = f"{v['benefit_per_s'] / best_static:.2f}x" if math.isfinite(best_static) else "n/a"
+        rel_o = f"{v['benefit_per_s'] / oracle:.2f}x" if oracle > 0 else "n/a"
         lines.append(
             f"| {name} | {v['straggler_rate']:.3f} | {'yes' if v['meets_delta'] else 'no'} | "
-            f"{v['step_s']:.2f} | {v['benefit_per_s']:.3f} | {rel:.2f}x | {rel_o:.2f}x | "
+            f"{v['step_s']:.2f} | {v['benefit_per_s']:.3f} | {rel} | {rel_o} | "
             f"{v['mean_group_size']:.2f} |"
         )
     return "\n".join(lines)
