@@ -14,8 +14,9 @@ both):
 
 Budget rule: a run is read up to the end of the last step whose cumulative clock is <= the
 budget (`cut_at_budget`): exactly what a run stopped at the budget would have logged, since a
-step does not depend on later ones (the comparison uses a constant learning rate after warm-up,
-so nothing depends on the run's planned length either). Runs train a step cap `run.steps` and
+step does not depend on later ones (the comparison uses a constant learning rate after warm-up;
+SAGC's only use of the planned length is its horizon, the step cap, which each policy sets close
+to the steps it needs to reach the budget). Runs train a step cap `run.steps` and
 are cut afterwards; `--budget-s auto` takes the smallest total clock over all runs, so every run
 has data up to the budget. Held-out accuracy is measured at the newest checkpoint at or before
 the cut (`checkpoint.every` apart).

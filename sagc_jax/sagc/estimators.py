@@ -223,13 +223,15 @@ def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
 def benefit_rate(cfg: Any, state: State, benefit: np.ndarray, cost: np.ndarray) -> float:
     """λ, the price of a second in the run-long objective Σ benefit / Σ seconds (Dinkelbach).
 
-    benefit, cost: predicted per-step benefit and seconds at each rung, float [K]. With a known
-    ``cfg.horizon``: the best final rate the run could reach if the current regime lasted for
-    the H = horizon - step steps left, max_g (B + H b_g) / (C + H c_g) with B, C the realised
-    totals so far — the causal ceiling's certainty-equivalent plan (oracle.py), which prices
-    time early in a run at the current rate and late in it at the run's own. Without a horizon:
-    the discounted realised rate (``rate_half_life``). Either way the best predicted
-    benefit/cost until a timed step has been seen.
+    benefit, cost: predicted per-step benefit and seconds at each rung, float [K] (used only
+    before the first timed step: then λ is the best predicted benefit/cost). With a known
+    ``cfg.horizon``: the rate the run would end at if the recent past (``rate_now``, half-life
+    ``half_life``) lasted for the H = horizon - step steps left, (B + H b) / (C + H c) with
+    B, C the run's realised totals and b, c the recent per-step means — the certainty
+    equivalence the causal ceiling plans by (oracle.py): early in a run λ is about the current
+    regime's rate, late in it the run's own. (Projecting the *predicted* best rung instead is
+    biased up by the max over noisy predictions; docs/sagc.md.) Without a horizon: the
+    discounted realised rate (``rate_half_life``).
     """
     ratio = float((benefit / np.maximum(cost, 1e-12)).max())
     ben_now, sec_now, n_now = state["rate_now"]

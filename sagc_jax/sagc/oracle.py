@@ -98,7 +98,9 @@ def _fractions(
     return x / x.sum(1, keepdims=True)
 
 
-def _inputs(steps, benefit, seconds, rate, who: str) -> tuple[np.ndarray, ...]:
+def _inputs(
+    steps: np.ndarray, benefit: np.ndarray, seconds: np.ndarray, rate: np.ndarray, who: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     t = np.asarray(steps, np.float64)
     b, c, r = (np.asarray(a, np.float64) for a in (benefit, seconds, rate))
     if not (c > 0).all():

@@ -1,4 +1,5 @@
-"""Offline SAGC simulator: every static g in ``sagc.group_sizes`` vs SAGC on the same workload.
+"""Offline SAGC simulator: every static g in ``sagc.group_sizes`` vs SAGC on the same workload,
+beside the causal (no-foresight) ceiling and the hindsight oracle (``oracle.py``).
 
 ``sagc-jax simulate --config FILE [key=value ...] [--out result.json] [--plot out.png]``
 (also ``python -m sagc_jax.sagc.simulate``). Config schema (all keys optional, defaults shown by
