@@ -155,7 +155,7 @@ def restore_pure_params(path: str | Path, target: Any, step: int | None = None) 
         try:
             with ocp.StandardCheckpointer() as c:
                 pure = c.restore(path, target)
-        except (ValueError, OSError, RuntimeError) as e:
+        except Exception as e:  # Orbax raises bare Exception for a chunk it cannot decode
             # Damage that breaks decoding (a flipped byte in a zstd chunk, a truncated file)
             # surfaces here, before any checksum can be compared.
             if not _checksums_file(path).is_file():
@@ -173,6 +173,11 @@ def restore_pure_params(path: str | Path, target: Any, step: int | None = None) 
     try:
         got = mngr.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # as above: undecodable bytes fail before the checksums can
+        raise CheckpointCorruptError(
+            f"checkpoint step {step} in {path}: unreadable ({error_line(e)})") from None
     finally:
         mngr.close()
     sums = (got["meta"] or {}).get("checksums") or {}
@@ -399,14 +404,17 @@ class RunCheckpointer:
             raise CheckpointMismatchError(
                 f"checkpoint step {step}: written with {saved_items} data shard(s) per process, "
                 f"this run has {len(data)} (data.shards / process count changed)")
-        got = self.manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(_abstract(pure_t)),
-            opt_state=ocp.args.StandardRestore(_abstract(flat_opt)),
-            sagc=ocp.args.StandardRestore(sagc_t),
-            **{k: grain.checkpoint.CheckpointRestore(it) for k, it in data.items()},
-        ))
-        sums = meta.get("checksums") or {}
         where = f"checkpoint step {step} in {self.directory}"
+        try:
+            got = self.manager.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(_abstract(pure_t)),
+                opt_state=ocp.args.StandardRestore(_abstract(flat_opt)),
+                sagc=ocp.args.StandardRestore(sagc_t),
+                **{k: grain.checkpoint.CheckpointRestore(it) for k, it in data.items()},
+            ))
+        except Exception as e:  # undecodable bytes fail here, before the checksums can
+            raise CheckpointCorruptError(f"{where}: unreadable ({error_line(e)})") from None
+        sums = meta.get("checksums") or {}
         verify(f"{where}: params", got["params"], sums.get("params"))
         verify(f"{where}: opt_state", got["opt_state"], sums.get("opt_state"))
         verify(f"{where}: sagc", {k: np.asarray(v) for k, v in got["sagc"].items()},
