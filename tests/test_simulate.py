@@ -268,3 +268,30 @@ def test_unwritable_out_is_refused_before_simulating(tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1 and f"{flag} {blocker / 'r.json'}" in err
     assert main(["simulate", "--config", str(cfg), "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_replicates_benchmark_pools_over_seeds(tmp_path, capsys):
+    """benchmarks/sagc_replicates.py: its pooled benefit/s is Σ benefit / Σ seconds over the
+    seeds of the same runs, and it names the best in-budget static rung."""
+    import importlib.util
+    from pathlib import Path
+
+    from sagc_jax.sagc.simulate import make_policies, run_policies
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sagc_replicates.py"
+    spec = importlib.util.spec_from_file_location("sagc_replicates", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = _write(tmp_path, SMALL)
+    mod.main(["--config", str(cfg), "--steps", "20", "--seeds", "3", "--workers", "1",
+              "--policies", "static-4,static-8,sagc", "--set", "sagc.delta=0.45"])
+    out = capsys.readouterr().out
+    ben = sec = 0.0
+    for seed in range(3):
+        sim = load_sim_config(cfg, [f"seed={seed}", "sagc.delta=0.45"])
+        tr = run_policies(sim, {"static-8": make_policies(sim.sagc)["static-8"]}, steps=20)
+        ben, sec = ben + tr["static-8"]["benefit"].sum(), sec + tr["static-8"]["step_s"].sum()
+    row = next(ln for ln in out.splitlines() if ln.startswith("| static-8 |"))
+    assert float(row.split("|")[2]) == pytest.approx(ben / sec, abs=5e-5)
+    assert sum(ln.startswith("| ") for ln in out.splitlines()) == 4  # header + 3 policies
+    assert "pooled sagc / best in-budget static (static-" in out
