@@ -24,7 +24,14 @@ from sagc_jax.sagc import (
     straggler_events,
 )
 from sagc_jax.sagc.betaq import beta_quantile, betainc
-from sagc_jax.sagc.estimators import benefit_rate, binom_llr, binom_llr2, truncation_rate
+from sagc_jax.sagc.estimators import (
+    benefit_rate,
+    binom_llr,
+    binom_llr2,
+    cost_growth,
+    length_trend,
+    truncation_rate,
+)
 from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step
 
 # Accelerator-like workload pieces reused below (see configs/sim/*.yaml for the benchmarks).
@@ -361,3 +368,70 @@ def test_truncation_rate_prior_is_the_run_so_far():
     p0 = 20.1 / 10_001
     assert truncation_rate(state) == pytest.approx((10 + 1000 * p0) / 101_000, rel=1e-9)
     assert 1e-4 < truncation_rate(state) < 1.3e-4
+
+
+def _trend_sums(steps: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.array([len(steps), steps.sum(), (steps**2).sum(), y.sum(), (steps * y).sum(),
+                     (y**2).sum()], np.float64)
+
+
+def test_length_trend_is_the_fitted_slope_and_ignores_noise():
+    state = init_state(SAGCConfig())
+    t = np.arange(100.0, 200.0)
+    rng = np.random.default_rng(0)
+    # Lengths that double every 300 steps, with a little step-to-step noise: the slope.
+    state["trend_s"] = _trend_sums(t, np.log(150.0) + t * math.log(2) / 300
+                                   + 0.01 * rng.standard_normal(len(t)))
+    assert length_trend(state) == pytest.approx(math.log(2) / 300, rel=0.05)
+    # Flat lengths with heavy noise (e.g. a bimodal prompt mix): the fitted slope is within
+    # two standard errors of 0 and counts as no trend.
+    state["trend_s"] = _trend_sums(t, np.log(150.0) + 0.5 * rng.standard_normal(len(t)))
+    assert length_trend(state) == 0.0
+    state["trend_s"] = _trend_sums(t[:10], np.log(150.0) + t[:10] / 100)  # too few steps
+    assert length_trend(state) == 0.0
+
+
+def test_cost_growth_follows_the_trend_within_decode_limits():
+    cfg = SAGCConfig(horizon=1000)
+    state = init_state(cfg)
+    state["exp_steps"][:] = 400.0
+    state["max_new_tokens"], state["decode_chunk"] = np.array(1600), np.array(16)
+    assert cost_growth(cfg, state, 500) == 500.0  # no trend yet: the current cost lasts
+    t = np.arange(0.0, 100.0)
+    rho = math.log(2) / 100
+    state["trend_s"] = _trend_sums(t, np.log(100.0) + rho * t)
+    # Doubling every 100 steps from 400 decode steps: x4 (the 1600-token cap) after 200.
+    want = sum(min(math.exp(rho * k), 4.0) for k in range(1, 501))
+    assert cost_growth(cfg, state, 500) == pytest.approx(want, rel=1e-3)
+    assert cost_growth(SAGCConfig(horizon=1000, trend_half_life=None), state, 500) == 500.0
+    # Shrinking lengths: down to one decode chunk at most.
+    state["trend_s"] = _trend_sums(t, np.log(100.0) - rho * t)
+    want = sum(max(math.exp(-rho * k), 16 / 400) for k in range(1, 501))
+    assert cost_growth(cfg, state, 500) == pytest.approx(want, rel=1e-3)
+    # Growth makes the future's seconds dearer, so λ (benefit per second) falls.
+    state["step"], state["total_s"] = np.array(100), np.array([800.0, 1000.0])
+    state["rate_now"] = np.array([80.0, 100.0, 10.0])
+    ben, cost = np.array([5.0, 8.0]), np.array([10.0, 20.0])
+    flat = benefit_rate(cfg.model_copy(update={"trend_half_life": None}), state, ben, cost)
+    state["trend_s"] = _trend_sums(t, np.log(100.0) + rho * t)
+    assert benefit_rate(cfg, state, ben, cost) < 0.5 * flat
+
+
+def test_a_detected_change_restarts_the_length_trend():
+    """Drift's jump in lengths is a change point, not a trend that continues."""
+    sim = parse_sim_config({
+        "steps": 160, "seed": 0,
+        "workload": {"prompts_per_step": 16, "max_new_tokens": 4096, "median_length": 120,
+                     "group_spread": 0.25, "loop_prob": 0.001,
+                     "drift": [{"at_step": 80, "median_length": 480, "loop_prob": 0.02}]},
+        "sagc": {"group_sizes": [4, 8], "delta": 0.1},
+    })
+    pol = SAGCPolicy(sim.sagc)
+    for t in range(sim.steps):
+        pol.choose()
+        pol.observe(run_step(sim, sim.workload.draw(t), pol.last_info["g"])[0])
+        if t == 79:
+            assert length_trend(pol.state) == 0.0  # flat lengths: no trend
+    assert int(pol.state["changes"]) >= 1
+    assert pol.state["trend_s"][0] < 80  # weight only since the change
+    assert abs(length_trend(pol.state)) < 1e-3

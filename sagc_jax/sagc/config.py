@@ -129,6 +129,14 @@ class SAGCConfig(Section):
         "the end (certainty equivalence); None: the discounted realised rate.",
         ge=1,
     )
+    trend_half_life: Float | None = field(
+        300.0,
+        "Steps; memory of the regression of log median completion length on step within the "
+        "current regime (R1-style length growth). With a horizon, lambda's projection grows "
+        "the per-step cost along that trend (shrunk by its noise, bounded by one decode chunk "
+        "and the max_new_tokens cap); None: the current cost lasts (flat).",
+        gt=0,
+    )
     change_threshold: Float = field(
         15.0,
         "Likelihood-ratio statistic (about chi-square(1)) that declares a change in the "

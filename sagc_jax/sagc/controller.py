@@ -77,6 +77,8 @@ def init_state(cfg: SAGCConfig) -> State:
         "rate_s": np.zeros(2, f64),  # discounted realised benefit, seconds (λ)
         "total_s": np.zeros(2, f64),  # the same, undiscounted, over the whole run
         "rate_now": np.zeros(3, f64),  # benefit, seconds, steps; recent (half_life)
+        # Discounted sums of 1, t, t^2, y, t*y, y^2; y = log median length of step t (λ's trend)
+        "trend_s": np.zeros(6, f64),
         "changes": np.array(0, np.int64),  # change points detected so far
         "change_step": np.array(0, np.int64),  # first step of the current regime
         "last_llr": np.array(0.0, f64),  # largest change statistic of the last step
@@ -165,6 +167,12 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
         new["risk_last"][i] = r.mean()
     i_g = sizes.index(g)
     _detect_change(cfg, state, new, i_g)
+    # The length trend lives within one regime: a detected change starts it afresh.
+    lam_tr = 0.5 ** (1.0 / cfg.trend_half_life) if cfg.trend_half_life else 0.0
+    fresh = int(new["changes"]) != int(state["changes"])
+    y = float(np.log(np.median(lengths)))
+    term = np.array([1.0, step, step * step, y, step * y, y * y])
+    new["trend_s"] = term + (0.0 if fresh else lam_tr) * state["trend_s"]
 
     # 4) pass-rate moments: unbiased per-group estimates of E[p] and E[p^2] (any G >= 2).
     k = (rewards > cfg.pass_threshold).sum(-1).astype(np.float64)
