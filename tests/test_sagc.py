@@ -324,6 +324,25 @@ def test_config_accepts_lists_and_quantile_risk():
     assert math.isfinite(hash(cfg))
 
 
+def test_smallest_rung_is_judged_on_its_mean_risk():
+    # The q90 bound of g = 4 is above delta (100 groups of evidence, 9 events) while its mean is
+    # below: with floor_on_mean the floor is feasible and the queue decides; without, the run
+    # holds g = 4 on "no_feasible" until the bound itself falls (a heavy start remembered).
+    for floor, reason in ((True, "score"), (False, "no_feasible")):
+        cfg = SAGCConfig(group_sizes=(4, 8, 16), floor_on_mean=floor)
+        state = init_state(cfg)
+        state["step"] = np.array(cfg.warmup_steps + 10, np.int64)
+        state["risk_a"] = np.array([9.0, 30.0, 60.0])
+        state["risk_b"] = np.array([91.0, 70.0, 40.0])
+        g, info = choose(cfg, state)
+        assert info["risk"][0] > cfg.delta  # the quantile alone: nothing feasible
+        assert info["reason"] == reason and info["feasible"][0] is floor
+        assert g in ((4, 8) if floor else (4,))
+        # A floor whose mean risk is above delta is held either way.
+        state["risk_a"][0], state["risk_b"][0] = 15.0, 85.0
+        assert choose(cfg, state)[1]["reason"] == "no_feasible"
+
+
 def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
     # No stragglers at all: each step saves delta of budget, at most credit_cap of it.
     wl = {**LIGHT, "group_spread": 0.05}

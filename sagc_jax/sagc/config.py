@@ -68,6 +68,12 @@ class SAGCConfig(Section):
     risk: Annotated[Str, AfterValidator(_risk)] = field(
         "q90", "'mean' or an upper posterior quantile 'qNN' (50 < NN < 100)."
     )
+    floor_on_mean: Bool = field(
+        True,
+        "Judge the smallest rung on its posterior mean risk, not the 'risk' quantile: holding it "
+        "for uncertainty buys no safety (there is no safer rung), and a quantile that still "
+        "remembers a heavy start holds it long after the tail has lightened.",
+    )
     max_rung_step: Int = field(
         1, "Max rungs G moves up per step (moves down are unlimited); 0 = unlimited.", ge=0
     )

@@ -282,6 +282,10 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     # to be spent over about credit_horizon steps (0 credit: the cap is delta).
     cap = cfg.delta + float(state["credit"]) / cfg.credit_horizon
     feasible = risk <= cap
+    if cfg.floor_on_mean:
+        # The quantile guards moves *up* into rungs we know little about; below the smallest
+        # rung there is nothing safer, so it is feasible when its risk is, on the mean.
+        feasible[0] = posterior_risk(cfg, state, mean=True)[0] <= cap
     step = cfg.max_rung_step or n
     # max_rung_step limits moves up only: a larger rung is tried one step at a time, but a rung
     # that has become too risky is left at once.

@@ -109,11 +109,12 @@ def expected_decode_steps(
     return out
 
 
-def posterior_risk(cfg: Any, state: State) -> np.ndarray:
-    """Risk per candidate: Beta posterior mean or upper quantile. float [K]."""
+def posterior_risk(cfg: Any, state: State, mean: bool = False) -> np.ndarray:
+    """Risk per candidate: Beta posterior mean or upper quantile (``cfg.risk``; ``mean=True``
+    forces the mean). Probabilities, float [K]."""
     a = cfg.prior_a + state["risk_a"]
     b = cfg.prior_b + state["risk_b"]
-    q = risk_level(cfg.risk)
+    q = None if mean else risk_level(cfg.risk)
     if q is None:
         return a / (a + b)
     try:  # scipy ships with jax; the pure-numpy betaq is the fallback (and the tests' reference)
