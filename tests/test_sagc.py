@@ -143,6 +143,24 @@ def test_counterfactual_risk_above_G_truncation_is_analytic():
     np.testing.assert_allclose(est, [1 - (1 - p) ** 8] * 2 + [1.0])
 
 
+@pytest.mark.parametrize("power", [1.0, 2.0])
+def test_model_extended_groups_count_as_less_evidence(power):
+    # One step of 5 groups at G = 4: exact evidence (weight 1 per group) about g <= 4, and
+    # (4/g)^power groups' worth per group about each g > 4 (extended by the length model).
+    cfg = SAGCConfig(group_sizes=(2, 4, 8, 16), initial_group_size=4, extrapolation_power=power)
+    rng = np.random.default_rng(1)
+    obs = Observation(
+        group_size=4,
+        lengths=rng.integers(50, 80, 20),
+        truncated=np.zeros(20, bool),
+        rewards=rng.random(20),
+        max_new_tokens=256,
+    )
+    st = observe(cfg, init_state(cfg), obs)
+    n = st["risk_a"] + st["risk_b"]
+    np.testing.assert_allclose(n, 5 * np.array([1.0, 1.0, 0.5**power, 0.25**power]))
+
+
 def test_beta_quantile_closed_forms():
     q = 0.9
     np.testing.assert_allclose(beta_quantile(q, [1.0], [1.0]), [q], atol=1e-9)

@@ -74,6 +74,12 @@ class SAGCConfig(Section):
         "for uncertainty buys no safety (there is no safer rung), and a quantile that still "
         "remembers a heavy start holds it long after the tail has lightened.",
     )
+    extrapolation_power: Float = field(
+        2.0,
+        "A group of G rows extended by the length model to g > G counts as (G/g)^p groups of "
+        "evidence about g; 1 = exact-model weight G/g, larger = trust the model less.",
+        ge=0,
+    )
     max_rung_step: Int = field(
         1, "Max rungs G moves up per step (moves down are unlimited); 0 = unlimited.", ge=0
     )

@@ -145,7 +145,9 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     p_tr = truncation_rate(new)
 
     # 3) counterfactual risk for every candidate, folded into discounted Beta pseudo-counts.
-    #    A group of G rows carries ~G/g groups' worth of evidence about size g > G.
+    #    A group of G rows extended by the length model to g > G rows carries (G/g)^p groups'
+    #    worth of evidence about g (p = extrapolation_power): G/g if the model were exact, less
+    #    because it is not, so direct observations of g override it within a few steps.
     for i, gc in enumerate(sizes):
         r = counterfactual_risk(
             lengths,
@@ -159,7 +161,7 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
             trunc_rate=p_tr,
             max_new_tokens=max_new,
         )
-        w = min(1.0, g / gc)
+        w = min(1.0, g / gc) ** cfg.extrapolation_power
         new["risk_a"][i] = lam * state["risk_a"][i] + w * r.sum()
         new["risk_b"][i] = lam * state["risk_b"][i] + w * (1.0 - r).sum()
         new["hist_a"][0, i] = w * r.sum()
