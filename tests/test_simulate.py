@@ -147,6 +147,34 @@ def test_trace_replay(tmp_path):
         load_sim_config(bad)
 
 
+def test_time_ordered_trace_replay_keeps_the_runs_drift(tmp_path):
+    # Steps 1-4 of a run: short completions in the first two, long ones in the last two.
+    lines = []
+    for step in range(1, 5):
+        base = 20 if step <= 2 else 200
+        groups = [
+            {"lengths": [base + i for i in range(8)], "truncated": [0] * 8, "rewards": [0, 1] * 4}
+            for _ in range(3)
+        ]
+        lines.append(
+            json.dumps({"step": step, "group_size": 8, "max_new_tokens": 256, "groups": groups})
+        )
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    wl = {"trace": "trace.jsonl", "prompts_per_step": 4, "trace_order": "time", "trace_window": 0}
+    sim = load_sim_config(_write(tmp_path, {**SMALL, "steps": 40, "workload": wl}))
+    # Simulated steps 0-19 replay trace steps 1-2, steps 20-39 trace steps 3-4.
+    assert all(sim.workload.draw(t).lengths.max() < 100 for t in range(20))
+    assert all(sim.workload.draw(t).lengths.min() >= 200 for t in range(20, 40))
+    assert sim.ramps == ((0, 40),)  # the oracle cuts the replay into windows
+    # A random-order replay draws from the whole run at every step.
+    rand = {**SMALL, "workload": {**wl, "trace_order": "random"}}
+    mixed = load_sim_config(_write(tmp_path, rand))
+    assert any(mixed.workload.draw(t).lengths.max() >= 200 for t in range(5))
+    bad = _write(tmp_path, {**SMALL, "workload": {**wl, "trace_order": "sorted"}}, "bad.yaml")
+    with pytest.raises(ValueError, match=r"^workload\.trace_order: "):
+        load_sim_config(bad)
+
+
 def test_calibrated_time_model(tmp_path):
     cal = {"rows": [64, 128], "decode_step_s": [0.01, 0.02], "prefill_s": [0.1, 0.2]}
     (tmp_path / "cal.json").write_text(json.dumps(cal))

@@ -95,6 +95,9 @@ def _int(v: Any, name: str, lo: int) -> int:
     return v
 
 
+_TRACE_KEYS = ("trace", "trace_order", "trace_window")
+
+
 def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimConfig:
     """Validate a raw simulate config mapping; errors are ``ValueError("<key>: ..., got ..")``."""
     if not isinstance(raw, dict):
@@ -120,9 +123,10 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         raise ValueError(f"workload: a mapping, got {wl!r}")
     wl_defaults = DEFAULT_SIM["workload"]
     for key in wl:
-        if key not in wl_defaults and key != "trace":
+        if key not in wl_defaults and key not in _TRACE_KEYS:
             raise ValueError(
-                f"workload.{key}: unknown key (allowed: {', '.join(wl_defaults)}, trace)"
+                f"workload.{key}: unknown key (allowed: {', '.join(wl_defaults)}, "
+                f"{', '.join(_TRACE_KEYS)})"
             )
     pps = _int(
         wl.get("prompts_per_step", wl_defaults["prompts_per_step"]), "workload.prompts_per_step", 1
@@ -137,7 +141,16 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
             path = base_dir / path
         if not path.exists():
             raise ValueError(f"workload.trace: file not found, got {str(wl['trace'])!r}")
-        workload: SyntheticWorkload | TraceWorkload = TraceWorkload(path, pmax, gmax, seed)
+        order = wl.get("trace_order", "random")
+        if order not in ("random", "time"):
+            raise ValueError(f"workload.trace_order: 'random' or 'time', got {order!r}")
+        twin = _int(wl.get("trace_window", 1), "workload.trace_window", 0)
+        timed = steps if order == "time" else None
+        workload: SyntheticWorkload | TraceWorkload = TraceWorkload(
+            path, pmax, gmax, seed, timed, twin
+        )
+        if timed:  # a drifting replay: the oracle's phases are oracle_window-step windows
+            ramps.append((0, steps))
     else:
         scalars = {k: v for k, v in wl.items() if k not in ("prompts_per_step", "drift")}
         base = params_from_dict(scalars, WorkloadParams(), "workload")

@@ -130,12 +130,27 @@ class TraceWorkload:
     median times a residual (L / group median, truncated flag) drawn from all recorded rows, and a
     Bernoulli reward at the group's pass fraction (reward > 0.5 counts as a pass). This is the
     one modelling assumption of trace replay; it matters only for g above what was recorded.
+
+    With ``steps`` (``workload.trace_order: time``) the replay keeps the run's time order
+    instead: simulated step t of ``steps`` draws only from the recorded steps within
+    ``window`` of trace position t * n / steps (n recorded steps), so a run whose tail
+    lightened (or grew) as it trained replays as a drifting workload, stretched to ``steps``.
     """
 
-    def __init__(self, path: str | Path, prompts_max: int, group_max: int, seed: int):
-        self.groups = load_trace_groups(path)
+    def __init__(
+        self,
+        path: str | Path,
+        prompts_max: int,
+        group_max: int,
+        seed: int,
+        steps: int | None = None,
+        window: int = 1,
+    ):
+        self.groups, self.trace_steps = load_trace_groups(path)
         if not self.groups:
             raise ValueError(f"workload.trace: no groups in {path}")
+        self.order = np.unique(self.trace_steps)  # recorded steps, ascending
+        self.steps, self.window = steps, window
         self.max_new_tokens = max(m for _, _, _, m in self.groups)
         eps, trs = [], []
         for lengths, truncated, _, _ in self.groups:
@@ -146,13 +161,23 @@ class TraceWorkload:
         self.pool_tr = np.concatenate(trs)
         self.prompts_max, self.group_max, self.seed = prompts_max, group_max, seed
 
+    def _pick(self, step: int, rng: np.random.Generator) -> np.ndarray:
+        """Indices of the recorded groups replayed at ``step``: int [prompts_max]."""
+        if self.steps is None:
+            return rng.integers(0, len(self.groups), self.prompts_max)
+        n = len(self.order)
+        pos = min(int(step * n / self.steps), n - 1)
+        lo, hi = self.order[max(pos - self.window, 0)], self.order[min(pos + self.window, n - 1)]
+        pool = np.flatnonzero((self.trace_steps >= lo) & (self.trace_steps <= hi))
+        return pool[rng.integers(0, len(pool), self.prompts_max)]
+
     def draw(self, step: int) -> StepDraw:
         rng = np.random.default_rng((self.seed & 0xFFFFFFFF, step, _SALT_WORKLOAD))
         gmax, mx = self.group_max, self.max_new_tokens
         lengths = np.empty((self.prompts_max, gmax), np.int64)
         truncated = np.empty((self.prompts_max, gmax), bool)
         rewards = np.empty((self.prompts_max, gmax), np.float64)
-        for j, gi in enumerate(rng.integers(0, len(self.groups), self.prompts_max)):
+        for j, gi in enumerate(self._pick(step, rng)):
             gl, gt, gr, _ = self.groups[gi]
             perm = rng.permutation(len(gl))[:gmax]
             n = len(perm)
@@ -169,13 +194,18 @@ class TraceWorkload:
         return StepDraw(lengths, truncated, rewards, int(mx))
 
 
-def load_trace_groups(path: str | Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
-    """Parse trace.jsonl -> [(lengths int [G], truncated bool [G], rewards float [G], max_new)].
+TraceGroup = tuple[np.ndarray, np.ndarray, np.ndarray, int]
+
+
+def load_trace_groups(path: str | Path) -> tuple[list[TraceGroup], np.ndarray]:
+    """Parse trace.jsonl -> ([(lengths int [G], truncated bool [G], rewards float [G], max_new)],
+    each group's recorded step int [N]; the line number where a record has no "step").
 
     Format, one JSON object per line: {"step", "group_size", "max_new_tokens",
-    "groups": [{"lengths": [...], "truncated": [...], "rewards": [...]}, ...]}.
+    "groups": [{"lengths": [...], "truncated": [...], "rewards": [...]}, ...]}. Traces of several
+    runs may be concatenated: groups with the same "step" replay together.
     """
-    out = []
+    out, steps = [], []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -190,9 +220,10 @@ def load_trace_groups(path: str | Path) -> list[tuple[np.ndarray, np.ndarray, np
                     if not (len(lengths) == len(truncated) == len(rewards) >= 2):
                         raise ValueError("group arrays must have equal length >= 2")
                     out.append((lengths, truncated, rewards, max_new))
+                    steps.append(int(rec.get("step", lineno)))
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"workload.trace: {path}:{lineno}: {e}") from None
-    return out
+    return out, np.asarray(steps, np.int64)
 
 
 def params_from_dict(d: dict[str, Any], base: WorkloadParams, where: str) -> WorkloadParams:
