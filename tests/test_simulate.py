@@ -173,6 +173,9 @@ def test_time_ordered_trace_replay_keeps_the_runs_drift(tmp_path):
     bad = _write(tmp_path, {**SMALL, "workload": {**wl, "trace_order": "sorted"}}, "bad.yaml")
     with pytest.raises(ValueError, match=r"^workload\.trace_order: "):
         load_sim_config(bad)
+    no_trace = _write(tmp_path, {**SMALL, "workload": {"trace_order": "time"}}, "bad2.yaml")
+    with pytest.raises(ValueError, match=r"^workload\.trace_order: only with workload\.trace"):
+        load_sim_config(no_trace)
 
 
 def test_calibrated_time_model(tmp_path):

@@ -152,6 +152,9 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         if timed:  # a drifting replay: the oracle's phases are oracle_window-step windows
             ramps.append((0, steps))
     else:
+        for key in _TRACE_KEYS[1:]:
+            if key in wl:
+                raise ValueError(f"workload.{key}: only with workload.trace, got {wl[key]!r}")
         scalars = {k: v for k, v in wl.items() if k not in ("prompts_per_step", "drift")}
         base = params_from_dict(scalars, WorkloadParams(), "workload")
         drift_raw = wl.get("drift") or []
