@@ -94,6 +94,12 @@ class SAGCConfig(Section):
     hard_filter: Bool = field(True, "Only g with risk(g) <= delta are eligible.")
     share_budget: Bool = field(True, "The rung above the largest feasible one is eligible too.")
     pass_threshold: Float = field(0.5, "reward > threshold counts as a pass (benefit model).")
+    pass_em_iters: Int = field(
+        5,
+        "EM steps from the method-of-moments Beta toward the likelihood of the observed pass "
+        "counts (benefit model); 0 = the Beta alone.",
+        ge=0,
+    )
     cost_ema: Float = field(0.3, "EMA weight of a new per-shape timing measurement.", gt=0, le=1)
     length_half_life: Float = field(
         100.0,

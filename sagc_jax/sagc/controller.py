@@ -60,7 +60,8 @@ def init_state(cfg: SAGCConfig) -> State:
         "prompts": np.array(0, np.int64),  # last observed prompts per step (prompts policy)
         "max_new_tokens": np.array(0, np.int64),
         "decode_chunk": np.array(1, np.int64),
-        "pass_s": np.zeros(3, f64),  # discounted sums: groups, E[p] est., E[p^2] est.
+        # Discounted count of groups with k passes, per rung: [K, max g + 1] (benefit model)
+        "pass_hist": np.zeros((k, max(cfg.group_sizes) + 1), f64),
         "eps_ring": np.ones(cfg.window_rows, f64),  # untruncated row length / its group median
         "trunc_s": np.zeros(2, f64),  # discounted sums: rows, truncated rows
         "trunc_total": np.zeros(2, f64),  # the same over the whole run (the prior's mean)
@@ -176,10 +177,10 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     term = np.array([1.0, step, step * step, y, step * y, y * y])
     new["trend_s"] = term + (0.0 if fresh else lam_tr) * state["trend_s"]
 
-    # 4) pass-rate moments: unbiased per-group estimates of E[p] and E[p^2] (any G >= 2).
-    k = (rewards > cfg.pass_threshold).sum(-1).astype(np.float64)
-    s = np.array([p_groups, (k / g).sum(), (k * (k - 1) / (g * (g - 1))).sum()])
-    new["pass_s"] = lam * state["pass_s"] + s
+    # 4) pass counts: every rung's histogram is discounted, the observed rung's gains the step.
+    k = (rewards > cfg.pass_threshold).sum(-1)
+    new["pass_hist"] = lam * state["pass_hist"]
+    new["pass_hist"][i_g, : g + 1] += np.bincount(k, minlength=g + 1)
 
     # 5) per-shape timing EMAs and λ's sums (only when the step was timed).
     if obs.decode_steps > 0 and obs.decode_s > 0:
@@ -342,7 +343,12 @@ def normalize_state(cfg: SAGCConfig, restored: dict[str, Any]) -> State:
     """Coerce a restored pytree (numpy scalars / jax arrays) back to the exact state layout."""
     ref = init_state(cfg)
     if set(restored) != set(ref):
-        raise ValueError(f"SAGC state keys mismatch: {sorted(set(restored) ^ set(ref))}")
+        missing, extra = sorted(set(ref) - set(restored)), sorted(set(restored) - set(ref))
+        raise ValueError(
+            f"SAGC state keys mismatch: missing {missing}, unexpected {extra} (a checkpoint "
+            "written by another controller version; resume it with that version, or start "
+            "the controller afresh)"
+        )
     out = {}
     for k, v in ref.items():
         arr = np.array(restored[k], dtype=v.dtype)
