@@ -225,8 +225,8 @@ def pass_rate_mixture(cfg: Any, state: State) -> np.ndarray:
     lik = _binom_table(tuple(cfg.group_sizes))
     live = hist > 0
     for _ in range(cfg.pass_em_iters):
-        mix = np.einsum("ikm,m->ik", lik, w)
-        r = np.where(live, hist / np.where(live, mix, 1.0), 0.0)
+        mix = np.maximum(np.einsum("ikm,m->ik", lik, w), 1e-300)
+        r = np.where(live, hist / mix, 0.0)
         w = w * np.einsum("ik,ikm->m", r, lik) / n
         w /= w.sum()
     return w
