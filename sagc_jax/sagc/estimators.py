@@ -179,6 +179,7 @@ def pass_rate_beta(cfg: Any, state: State) -> tuple[float, float]:
 
 
 PASS_GRID = np.linspace(0.0, 1.0, 101)  # support of the pass-rate mixture
+_PASS_EDGES = np.concatenate([[0.0], (PASS_GRID[1:] + PASS_GRID[:-1]) / 2.0, [1.0]])  # its cells
 
 
 def _beta_cdf(a: float, b: float, x: np.ndarray) -> np.ndarray:
@@ -215,8 +216,7 @@ def pass_rate_mixture(cfg: Any, state: State) -> np.ndarray:
     likelihood's optimum, so little moves.
     """
     a, b = pass_rate_beta(cfg, state)
-    edges = np.concatenate([[0.0], (PASS_GRID[1:] + PASS_GRID[:-1]) / 2.0, [1.0]])
-    w = np.diff(_beta_cdf(a, b, edges))
+    w = np.diff(_beta_cdf(a, b, _PASS_EDGES))
     w = np.maximum(w, 1e-300) / w.sum()
     hist = state["pass_hist"]
     n = float(hist.sum())
