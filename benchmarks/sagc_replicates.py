@@ -10,11 +10,23 @@ benefit/s (sum of benefit over sum of seconds, all seeds), the per-seed mean and
 straggler rate (and whether it is within delta + tolerance), the fraction of steps longer
 than 4x the policy's median step (loop steps, mostly), each policy's mean per-seed ratio to the
 first one, and the pooled ratio of SAGC to the best static g whose mean rate is in budget.
+
+Then the ceilings, two ways. Per seed: ``sagc-jax simulate``'s causal ceiling and hindsight
+oracle solved on each seed's own per-phase figures; they know where that seed's loops fell, i.e.
+which rung happened to be lucky (in drift's light phase static-8 and static-4 tie to 0.3 % in
+expectation but differ by +-6 % per seed, and the per-seed ceiling takes the better one).
+Known parameters: the same programs solved once on per-phase, per-rung means over
+``--pop-seeds`` independent seeds (draws only, no controller; seeds from 10**6 up), which is the
+plan of a controller that knew the workload exactly but not the draws; that plan is then scored
+on the evaluation seeds' own draws (common random numbers with SAGC). SAGC / that figure is the
+estimation loss without the luck. Every static rung of the config is run for the ceilings,
+whatever ``--policies`` says.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -26,7 +38,21 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sagc_jax.sagc.simulate import load_sim_config, make_policies, run_policies  # noqa: E402
+from sagc_jax.sagc.events import step_straggler_rate  # noqa: E402
+from sagc_jax.sagc.oracle import (  # noqa: E402
+    oracle_from_trajectories,
+    phase_bounds,
+    solve_causal,
+    solve_oracle,
+)
+from sagc_jax.sagc.simulate import (  # noqa: E402
+    load_sim_config,
+    make_policies,
+    run_policies,
+    run_step,
+)
+
+_KEYS = ("benefit", "step_s", "straggler_rate")
 
 
 def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) -> dict:
@@ -35,11 +61,66 @@ def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) 
     missing = [n for n in names if n not in pols]
     if missing:
         raise SystemExit(f"--policies: unknown {missing}; this config has {sorted(pols)}")
-    traj = run_policies(sim, {n: pols[n] for n in names}, steps=steps)
+    statics = [f"static-{g}" for g in sim.sagc.group_sizes]
+    run = names + [n for n in statics if n not in names]
+    traj = run_policies(sim, {n: pols[n] for n in run}, steps=steps)
     long_s = {n: float(np.median(t["step_s"])) * 4 for n, t in traj.items()}
-    return {n: (float(t["benefit"].sum()), float(t["step_s"].sum()),
-                float((t["step_s"] > long_s[n]).mean()), float(t["straggler_rate"].mean()),
-                sim.sagc.delta + sim.tolerance) for n, t in traj.items()}
+    out: dict = {n: (float(t["benefit"].sum()), float(t["step_s"].sum()),
+                     float((t["step_s"] > long_s[n]).mean()), float(t["straggler_rate"].mean()),
+                     sim.sagc.delta + sim.tolerance) for n, t in traj.items() if n in names}
+    # Per-phase, per-rung means of the statics (the ceilings' inputs), and this seed's ceilings.
+    bounds = phase_bounds(steps, list(sim.drift_steps), list(sim.ramps), sim.oracle_window)
+    pairs = list(itertools.pairwise(bounds))
+    out["_phase"] = {k: np.array([[traj[n][k][a:b].mean() for n in statics] for a, b in pairs])
+                     for k in _KEYS}
+    out["_steps"] = np.array([b - a for a, b in pairs], np.float64)
+    for causal in (True, False):
+        sched, _ = oracle_from_trajectories(traj, sim.sagc.group_sizes, bounds,
+                                            sim.sagc.delta, causal=causal)
+        out["_causal" if causal else "_oracle"] = sched.benefit_per_s
+    out["_cfg"] = (sim.sagc.delta, tuple(sim.sagc.group_sizes))
+    return out
+
+
+def _population(seed: int, config: str, steps: int, sets: list[str]) -> dict:
+    """Per-phase, per-rung sums of benefit, seconds and straggler rate for one seed's draws."""
+    sim = load_sim_config(config, [f"seed={seed}", *sets])
+    sizes = sim.sagc.group_sizes
+    bounds = phase_bounds(steps, list(sim.drift_steps), list(sim.ramps), sim.oracle_window)
+    sums = {k: np.zeros((len(bounds) - 1, len(sizes))) for k in _KEYS}
+    for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+        for t in range(a, b):
+            draw = sim.workload.draw(t)
+            for j, g in enumerate(sizes):
+                obs, sec, ben = run_step(sim, draw, g)
+                sums["benefit"][k, j] += ben
+                sums["step_s"][k, j] += sec
+                sums["straggler_rate"][k, j] += step_straggler_rate(sim.sagc, obs)
+    return sums
+
+
+def _ceilings(out: list[dict], pop: list[dict], pooled_sagc: float) -> None:
+    """Print the per-seed ceilings, the known-parameter plans scored on the evaluation draws,
+    and SAGC's pooled ratio to each."""
+    delta, sizes = out[0]["_cfg"]
+    t = out[0]["_steps"]
+    mean = {k: sum(p[k] for p in pop) / (len(pop) * t[:, None]) for k in _KEYS}
+    evald = {k: np.mean([o["_phase"][k] for o in out], axis=0) for k in _KEYS}
+    print(f"ceilings ({len(pop)} independent seeds for the known parameters):")
+    for name, solve, key in (("causal", solve_causal, "_causal"),
+                             ("oracle", solve_oracle, "_oracle")):
+        x = solve(t, mean["benefit"], mean["step_s"], mean["straggler_rate"], delta,
+                  sizes).fractions
+        w = t[:, None] * x
+        score = float((w * evald["benefit"]).sum() / (w * evald["step_s"]).sum())
+        rate = float((w * evald["straggler_rate"]).sum() / t.sum())
+        plan = " / ".join(
+            "+".join(f"{g}:{f:.2f}" if f < 0.995 else str(g)
+                     for g, f in zip(sizes, row) if f > 0.005) for row in x)
+        per_seed = float(np.mean([o[key] for o in out]))
+        print(f"  {name}: per seed (knows each seed's draws) mean {per_seed:.4f}, sagc / it "
+              f"{pooled_sagc / per_seed:.3f}; known parameters: plan {plan}, scored on these "
+              f"seeds {score:.4f} (rate {rate:.3f}), sagc / it {pooled_sagc / score:.3f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,14 +132,20 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated; ratios are to the first")
     ap.add_argument("--set", nargs="*", default=[], help="simulator overrides (key=value)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--pop-seeds", type=int, default=200,
+                    help="independent seeds for the known-parameter ceilings (0: skip them)")
     a = ap.parse_args(argv)
     names = a.policies.split(",")
     run = partial(_one, config=a.config, steps=a.steps, names=names, sets=a.set)
+    pop_run = partial(_population, config=a.config, steps=a.steps, sets=a.set)
+    pop_seeds = range(10**6, 10**6 + a.pop_seeds)
     if a.workers == 1:
         out = [run(seed) for seed in range(a.seeds)]
+        pop = [pop_run(seed) for seed in pop_seeds]
     else:
         with ProcessPoolExecutor(a.workers) as ex:
             out = list(ex.map(run, range(a.seeds)))
+            pop = list(ex.map(pop_run, pop_seeds))
     base = np.array([o[names[0]][0] / o[names[0]][1] for o in out])
     print(f"{a.config}, steps 0-{a.steps}, seeds 0-{a.seeds - 1} "
           f"(load average {os.getloadavg()[0]:.1f})")
@@ -79,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     if "sagc" in pooled and statics:
         best = max(statics, key=pooled.get)
         print(f"pooled sagc / best in-budget static ({best}): {pooled['sagc'] / pooled[best]:.3f}")
+    if "sagc" in pooled and pop:
+        _ceilings(out, pop, float(pooled["sagc"]))
 
 
 if __name__ == "__main__":

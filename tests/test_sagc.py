@@ -369,6 +369,29 @@ def test_smallest_rung_is_judged_on_its_mean_risk():
         assert choose(cfg, state)[1]["reason"] == "no_feasible"
 
 
+def test_near_ties_go_to_the_larger_rung():
+    # On a light-then-heavy workload, every "score" decision picks the largest eligible rung
+    # whose score is within tie_margin of the best eligible one (tie_margin 0: the argmax).
+    wl = {**LIGHT, "loop_prob": 0.002, "drift": [{"at_step": 60, **HEAVY}]}
+    ties = {}
+    for margin in (0.0, 0.02, 0.3):
+        sim = _sim(120, wl, sagc={"tie_margin": margin})
+        pol, seen, ties[margin] = SAGCPolicy(sim.sagc), 0, 0
+        for t in range(sim.steps):
+            g = pol.choose()
+            info = pol.last_info
+            if info["reason"] == "score":
+                score = np.where(info["eligible"], info["score"], -np.inf)
+                near = np.flatnonzero(score >= score.max() - margin)
+                best = near.max() if margin > 0 else int(np.argmax(score))
+                assert g == sim.sagc.group_sizes[best]
+                ties[margin] += int(near.max() != int(np.argmax(score)))
+                seen += 1
+            pol.observe(run_step(sim, sim.workload.draw(t), g)[0])
+        assert seen > 40
+    assert ties[0.3] > 0  # the margin moved some decisions: the check above has teeth
+
+
 def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
     # No stragglers at all: each step saves delta of budget, at most credit_cap of it.
     wl = {**LIGHT, "group_spread": 0.05}

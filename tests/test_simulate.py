@@ -315,7 +315,8 @@ def test_replicates_benchmark_pools_over_seeds(tmp_path, capsys):
     spec.loader.exec_module(mod)
     cfg = _write(tmp_path, SMALL)
     mod.main(["--config", str(cfg), "--steps", "20", "--seeds", "3", "--workers", "1",
-              "--policies", "static-4,static-8,sagc", "--set", "sagc.delta=0.45"])
+              "--policies", "static-4,static-8,sagc", "--set", "sagc.delta=0.45",
+              "--pop-seeds", "3"])
     out = capsys.readouterr().out
     ben = sec = 0.0
     for seed in range(3):
@@ -326,3 +327,14 @@ def test_replicates_benchmark_pools_over_seeds(tmp_path, capsys):
     assert float(row.split("|")[2]) == pytest.approx(ben / sec, abs=5e-5)
     assert sum(ln.startswith("| ") for ln in out.splitlines()) == 4  # header + 3 policies
     assert "pooled sagc / best in-budget static (static-" in out
+    # One phase: the known-parameter oracle's plan is one rung (or a mix of two) and its score
+    # on the evaluation seeds is that rung's pooled benefit/s from the table above.
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("oracle: per seed"))
+    plan = line.split("plan ")[1].split(",")[0]
+    score = float(line.split("scored on these seeds ")[1].split()[0])
+    pooled = {ln.split("|")[1].strip(): float(ln.split("|")[2])
+              for ln in out.splitlines() if ln.startswith("| static-")}
+    if ":" not in plan:
+        assert score == pytest.approx(pooled[f"static-{plan}"], abs=5e-5)
+    else:
+        assert min(pooled.values()) - 5e-5 <= score <= max(pooled.values()) + 5e-5

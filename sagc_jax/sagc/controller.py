@@ -262,8 +262,10 @@ def _detect_change(cfg: SAGCConfig, old: State, new: State, i_g: int) -> None:
 def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     """Next group size and diagnostics. Pure and deterministic (no randomness).
 
-    score(g) = V * J(g) - Q * risk(g), J = (benefit/cost) / max (benefit/cost); eligible g are
-    those within max_rung_step of the current G and (hard_filter) with risk(g) <= delta.
+    score(g) = V * J(g) - Q * risk(g), J the normalised objective (``objective``: rate,
+    (benefit - λ·cost) / max benefit; ratio, (benefit/cost) / max (benefit/cost)); eligible g are
+    those within max_rung_step of the current G and (hard_filter) with risk(g) <= delta. The
+    choice is the largest eligible g scoring within tie_margin of the best.
     """
     sizes = np.array(cfg.group_sizes)
     n = len(sizes)
@@ -293,6 +295,7 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     # max_rung_step limits moves up only: a larger rung is tried one step at a time, but a rung
     # that has become too risky is left at once.
     reach = (np.arange(n) - cur) <= step
+    eligible = np.zeros(n, bool)  # stays empty when no score decision is made
     if int(state["step"]) < cfg.warmup_steps:
         idx, reason = sizes.tolist().index(cfg.initial_group_size), "warmup"
     elif not feasible.any():
@@ -306,7 +309,12 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
             # constrained policy) instead of leaving budget unused.
             eligible[top] = reach[top]
         if eligible.any():
-            idx, reason = int(np.argmax(np.where(eligible, score, -np.inf))), "score"
+            masked = np.where(eligible, score, -np.inf)
+            idx, reason = int(np.argmax(masked)), "score"
+            if cfg.tie_margin > 0:
+                # Near-ties go to the larger rung: its groups are exact evidence for every
+                # smaller rung, and rare loops otherwise flip a 4-vs-8 tie from step to step.
+                idx = int(np.flatnonzero(masked >= masked.max() - cfg.tie_margin).max())
         else:  # feasible rungs exist but are out of reach: move toward the nearest one
             target = int(
                 np.flatnonzero(feasible)[np.argmin(np.abs(np.flatnonzero(feasible) - cur))]
@@ -326,6 +334,7 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
         "benefit_rate": lam_rate,
         "feasible": feasible.tolist(),
         "reachable": reach.tolist(),
+        "eligible": eligible.tolist(),
     }
     return int(sizes[idx]), info
 
