@@ -370,8 +370,9 @@ def test_smallest_rung_is_judged_on_its_mean_risk():
 
 
 def test_near_ties_go_to_the_larger_rung():
-    # On a light-then-heavy workload, every "score" decision picks the largest eligible rung
-    # whose score is within tie_margin of the best eligible one (tie_margin 0: the argmax).
+    # On a light-then-heavy workload, every "score" decision picks the largest feasible
+    # eligible rung whose score is within tie_margin of the best eligible one, or the best one
+    # if that is larger (tie_margin 0: the argmax).
     wl = {**LIGHT, "loop_prob": 0.002, "drift": [{"at_step": 60, **HEAVY}]}
     ties = {}
     for margin in (0.0, 0.02, 0.3):
@@ -382,10 +383,11 @@ def test_near_ties_go_to_the_larger_rung():
             info = pol.last_info
             if info["reason"] == "score":
                 score = np.where(info["eligible"], info["score"], -np.inf)
-                near = np.flatnonzero(score >= score.max() - margin)
-                best = near.max() if margin > 0 else int(np.argmax(score))
+                top = int(np.argmax(score))
+                near = np.flatnonzero((score >= score.max() - margin) & info["feasible"])
+                best = max(top, near.max()) if margin > 0 and len(near) else top
                 assert g == sim.sagc.group_sizes[best]
-                ties[margin] += int(near.max() != int(np.argmax(score)))
+                ties[margin] += int(best != top)
                 seen += 1
             pol.observe(run_step(sim, sim.workload.draw(t), g)[0])
         assert seen > 40

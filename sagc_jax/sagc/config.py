@@ -95,9 +95,9 @@ class SAGCConfig(Section):
     share_budget: Bool = field(True, "The rung above the largest feasible one is eligible too.")
     tie_margin: Float = field(
         0.0,
-        "Among eligible rungs scoring within this of the best (score units: a step's best "
+        "Among feasible rungs scoring within this of the best (score units: a step's best "
         "benefit), take the largest; 0 = the argmax. 0.02 trades +1.7 % on drift and +0.8 % on "
-        "length growth for -0.2 to -0.5 % elsewhere (docs/sagc.md).",
+        "length growth for -0.2 to -0.4 % on slow drift and loop bursts (docs/sagc.md).",
         ge=0,
     )
     pass_threshold: Float = field(0.5, "reward > threshold counts as a pass (benefit model).")

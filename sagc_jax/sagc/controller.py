@@ -265,7 +265,8 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     score(g) = V * J(g) - Q * risk(g), J the normalised objective (``objective``: rate,
     (benefit - λ·cost) / max benefit; ratio, (benefit/cost) / max (benefit/cost)); eligible g are
     those within max_rung_step of the current G and (hard_filter) with risk(g) <= delta. The
-    choice is the largest eligible g scoring within tie_margin of the best.
+    choice is the best-scoring eligible g, or (tie_margin > 0) the largest feasible one scoring
+    within tie_margin of it.
     """
     sizes = np.array(cfg.group_sizes)
     n = len(sizes)
@@ -314,7 +315,9 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
             if cfg.tie_margin > 0:
                 # Near-ties go to the larger rung: its groups are exact evidence for every
                 # smaller rung, and rare loops otherwise flip a 4-vs-8 tie from step to step.
-                idx = int(np.flatnonzero(masked >= masked.max() - cfg.tie_margin).max())
+                # Feasible rungs only: the budget-sharing rung is the queue's to time-share.
+                near = (masked >= masked.max() - cfg.tie_margin) & feasible
+                idx = max(idx, int(np.flatnonzero(near).max())) if near.any() else idx
         else:  # feasible rungs exist but are out of reach: move toward the nearest one
             target = int(
                 np.flatnonzero(feasible)[np.argmin(np.abs(np.flatnonzero(feasible) - cur))]
