@@ -38,21 +38,26 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sagc_jax.sagc.events import step_straggler_rate  # noqa: E402
 from sagc_jax.sagc.oracle import (  # noqa: E402
     oracle_from_trajectories,
     phase_bounds,
     solve_causal,
     solve_oracle,
 )
-from sagc_jax.sagc.simulate import (  # noqa: E402
-    load_sim_config,
-    make_policies,
-    run_policies,
-    run_step,
-)
+from sagc_jax.sagc.simulate import load_sim_config, make_policies, run_policies  # noqa: E402
 
 _KEYS = ("benefit", "step_s", "straggler_rate")
+
+
+def _phase_means(sim, traj: dict, steps: int) -> tuple[dict, np.ndarray, list[int]]:
+    """Per-phase, per-rung means of the static trajectories (the ceilings' inputs, [K, G]),
+    the steps per phase [K] and the phase bounds."""
+    bounds = phase_bounds(steps, list(sim.drift_steps), list(sim.ramps), sim.oracle_window)
+    pairs = list(itertools.pairwise(bounds))
+    statics = [f"static-{g}" for g in sim.sagc.group_sizes]
+    means = {k: np.array([[traj[n][k][a:b].mean() for n in statics] for a, b in pairs])
+             for k in _KEYS}
+    return means, np.array([b - a for a, b in pairs], np.float64), bounds
 
 
 def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) -> dict:
@@ -68,13 +73,8 @@ def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) 
     out: dict = {n: (float(t["benefit"].sum()), float(t["step_s"].sum()),
                      float((t["step_s"] > long_s[n]).mean()), float(t["straggler_rate"].mean()),
                      sim.sagc.delta + sim.tolerance) for n, t in traj.items() if n in names}
-    # Per-phase, per-rung means of the statics (the ceilings' inputs), and this seed's ceilings.
-    bounds = phase_bounds(steps, list(sim.drift_steps), list(sim.ramps), sim.oracle_window)
-    pairs = list(itertools.pairwise(bounds))
-    out["_phase"] = {k: np.array([[traj[n][k][a:b].mean() for n in statics] for a, b in pairs])
-                     for k in _KEYS}
-    out["_steps"] = np.array([b - a for a, b in pairs], np.float64)
-    for causal in (True, False):
+    out["_phase"], out["_steps"], bounds = _phase_means(sim, traj, steps)
+    for causal in (True, False):  # this seed's own ceilings
         sched, _ = oracle_from_trajectories(traj, sim.sagc.group_sizes, bounds,
                                             sim.sagc.delta, causal=causal)
         out["_causal" if causal else "_oracle"] = sched.benefit_per_s
@@ -83,20 +83,11 @@ def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) 
 
 
 def _population(seed: int, config: str, steps: int, sets: list[str]) -> dict:
-    """Per-phase, per-rung sums of benefit, seconds and straggler rate for one seed's draws."""
+    """The static rungs' per-phase means on one independent seed (no controller)."""
     sim = load_sim_config(config, [f"seed={seed}", *sets])
-    sizes = sim.sagc.group_sizes
-    bounds = phase_bounds(steps, list(sim.drift_steps), list(sim.ramps), sim.oracle_window)
-    sums = {k: np.zeros((len(bounds) - 1, len(sizes))) for k in _KEYS}
-    for k, (a, b) in enumerate(itertools.pairwise(bounds)):
-        for t in range(a, b):
-            draw = sim.workload.draw(t)
-            for j, g in enumerate(sizes):
-                obs, sec, ben = run_step(sim, draw, g)
-                sums["benefit"][k, j] += ben
-                sums["step_s"][k, j] += sec
-                sums["straggler_rate"][k, j] += step_straggler_rate(sim.sagc, obs)
-    return sums
+    pols = make_policies(sim.sagc)
+    statics = {f"static-{g}": pols[f"static-{g}"] for g in sim.sagc.group_sizes}
+    return _phase_means(sim, run_policies(sim, statics, steps=steps), steps)[0]
 
 
 def _ceilings(out: list[dict], pop: list[dict], pooled_sagc: float) -> None:
@@ -104,7 +95,7 @@ def _ceilings(out: list[dict], pop: list[dict], pooled_sagc: float) -> None:
     and SAGC's pooled ratio to each."""
     delta, sizes = out[0]["_cfg"]
     t = out[0]["_steps"]
-    mean = {k: sum(p[k] for p in pop) / (len(pop) * t[:, None]) for k in _KEYS}
+    mean = {k: np.mean([p[k] for p in pop], axis=0) for k in _KEYS}
     evald = {k: np.mean([o["_phase"][k] for o in out], axis=0) for k in _KEYS}
     print(f"ceilings ({len(pop)} independent seeds for the known parameters):")
     for name, solve, key in (("causal", solve_causal, "_causal"),
