@@ -88,14 +88,8 @@ def _batches(trace: list[dict], plan: ShapePlan, prompt_lens: np.ndarray, vocab:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/tiny_cpu.yaml")
-    ap.add_argument("--trace", required=True, help="a run's trace.jsonl (G and lengths)")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--repeats", type=int, default=1)
-    args = ap.parse_args()
-
+def _setup(args: argparse.Namespace) -> dict:
+    """Model, optimizer, both compiled train steps and the replayed batches of `args`."""
     cfg = load_config(args.config)
     tok = load_tokenizer(cfg.model.tokenizer)
     mcfg = model_config(cfg, len(tok), tok)
@@ -119,18 +113,23 @@ def main() -> None:
     with open(args.trace) as f:
         trace = [json.loads(x) for x in f if x.strip()]
     batches = _batches(trace, plan, prompt_lens, mcfg.vocab_size, args.steps, 0)
-    lp = plan.prompt_buckets[-1]
+    return {"mcfg": mcfg, "plan": plan, "params": params, "opt_state": opt_state,
+            "padded": padded, "packed": packed, "batches": batches}
 
+
+def _compare_steps(env: dict, repeats: int) -> list[dict]:
+    """Per trace step: both updates back to back (order alternating), best of `repeats`."""
+    plan, padded, packed = env["plan"], env["padded"], env["packed"]
+    lp = plan.prompt_buckets[-1]
     print(f"load before compile {_load()}", flush=True)
     t0 = time.perf_counter()
-    for sh in {(b["g"], b["n"]) for b in batches}:
-        rows = plan.prompts_per_g[sh[0]] * sh[0]
-        padded.warm_up(params, opt_state, rows, plan.prompts_per_g[sh[0]], lp, sh[1], False)
-    packed.warm_up(params, opt_state, False)
+    for g, n in {(b["g"], b["n"]) for b in env["batches"]}:
+        rows = plan.prompts_per_g[g] * g
+        padded.warm_up(env["params"], env["opt_state"], rows, plan.prompts_per_g[g], lp, n, False)
+    packed.warm_up(env["params"], env["opt_state"], False)
     print(f"compiled in {time.perf_counter() - t0:.0f}s; load {_load()}", flush=True)
 
     def run_padded(b):
-        nonlocal params, opt_state
         a = {k: v[:, :lp + b["n"]] if k == "tokens" else v for k, v in b["arrays"].items()}
         a["old_logprobs"] = a["old_logprobs"][:, :b["n"]]
         a["ref_logprobs"] = a["ref_logprobs"][:, :b["n"]]
@@ -138,23 +137,23 @@ def main() -> None:
         bs = padded.batch_shardings(rows)
         dev = {k: jax.device_put(a[k], bs[k]) for k in BATCH_FIELDS}
         fn = padded.train_fn(rows, plan.prompts_per_g[b["g"]], lp, b["n"])
-        params, opt_state, m = fn(params, opt_state, dev)
+        env["params"], env["opt_state"], m = fn(env["params"], env["opt_state"], dev)
         jax.block_until_ready(m)
 
     def run_packed(b):
-        nonlocal params, opt_state
         chunks, seqs, pp = pack_batch(b["arrays"], lp, seqs=packed.seqs,
                                       completion_len=packed.completion_len,
                                       pack_len=packed.pack_len,
                                       chunk_sizes=packed.chunk_sizes, pad_id=0)
-        params, opt_state, m = packed.update(params, opt_state, *packed.to_device(chunks, seqs))
+        env["params"], env["opt_state"], m = packed.update(
+            env["params"], env["opt_state"], *packed.to_device(chunks, seqs))
         jax.block_until_ready(m)
         b["plan"] = pp
 
     rows_out = []
-    for i, b in enumerate(batches):
+    for i, b in enumerate(env["batches"]):
         ts = {"padded": [], "packed": []}
-        for r in range(args.repeats):
+        for r in range(repeats):
             order = ("padded", "packed") if (i + r) % 2 == 0 else ("packed", "padded")
             for name in order:
                 fn = run_padded if name == "padded" else run_packed
@@ -169,35 +168,43 @@ def main() -> None:
             "chunks": "+".join(map(str, b["plan"].chunks)),
             "s_padded": min(ts["padded"]), "s_packed": min(ts["packed"])})
         print(json.dumps(rows_out[-1]), flush=True)
+    return rows_out
 
-    gflops = matmul_gflops()
-    # forward vs forward+backward of the largest chunk (same inputs, steady state)
+
+def _chunk_split(env: dict) -> tuple[int, float, float]:
+    """(rows, forward s, forward+backward s) of the largest packed chunk, steady state."""
+    plan, packed, params = env["plan"], env["packed"], env["params"]
+    lp = plan.prompt_buckets[-1]
     c = packed.chunk_sizes[0]
     rng = np.random.default_rng(1)
-    chunk = {k: rng.integers(3, mcfg.vocab_size, (c, plan.pack_len)).astype(np.int32)
+    chunk = {k: rng.integers(3, env["mcfg"].vocab_size, (c, plan.pack_len)).astype(np.int32)
              for k in ("tokens", "targets")}
     chunk["positions"] = np.tile(np.arange(plan.pack_len, dtype=np.int32), (c, 1))
     chunk["segment_ids"] = np.ones((c, plan.pack_len), np.int32)
-    _, seqs, _ = pack_batch(batches[0]["arrays"], lp, seqs=packed.seqs,
+    _, seqs, _ = pack_batch(env["batches"][0]["arrays"], lp, seqs=packed.seqs,
                             completion_len=packed.completion_len, pack_len=plan.pack_len,
                             chunk_sizes=packed.chunk_sizes, pad_id=0)
     dc, ds = packed.to_device([chunk], seqs)
     out = jnp.zeros((packed.seqs, packed.completion_len), jnp.float32)
-    packed._fn("logp", c)(params, out.copy(), dc[0], ds, packed._index[0]).block_until_ready()
-    fwd = min(_timed(lambda: packed._fn("logp", c)(params, out.copy(), dc[0], ds,
-                                                    packed._index[0]).block_until_ready())
-                  for _ in range(3))
+    logp = packed._fn("logp", c)
+    logp(params, out.copy(), dc[0], ds, packed._index[0]).block_until_ready()
+    fwd = min(_timed(lambda: logp(params, out.copy(), dc[0], ds,
+                                  packed._index[0]).block_until_ready()) for _ in range(3))
     acc = packed._fn("zeros")(params)
+    grad = packed._fn("grad", c)
 
     def grad_once():
         nonlocal acc
-        acc = packed._fn("grad", c)(params, acc, dc[0], ds, packed._index[0])
+        acc = grad(params, acc, dc[0], ds, packed._index[0])
         jax.block_until_ready(acc)
 
     grad_once()
-    both = min(_timed(grad_once) for _ in range(3))
+    return c, fwd, min(_timed(grad_once) for _ in range(3))
 
-    n_params = mcfg.num_params()
+
+def _report(rows_out: list[dict], n_params: int, gflops: float, pack_len: int,
+            split: tuple[int, float, float]) -> None:
+    """The markdown table, the roofline line and the chunk's forward/backward split."""
     tot = {k: sum(r[k] for r in rows_out) for k in ("real", "s_padded", "s_packed")}
     ideal = 6 * n_params * tot["real"] / (gflops * 1e9)
     print(f"\nload after {_load()}; params {n_params / 1e6:.2f}M; matmul {gflops:.1f} GFLOP/s")
@@ -217,8 +224,23 @@ def main() -> None:
           f"{6 * n_params * tot['real'] / 1e9:.1f} GFLOP -> {ideal:.2f}s at {gflops:.1f} GFLOP/s; "
           f"packed {tot['s_packed']:.2f}s = {ideal / tot['s_packed']:.0%} of the limit, "
           f"padded {tot['s_padded']:.2f}s = {ideal / tot['s_padded']:.0%}")
-    print(f"one {c}-row chunk ({c * plan.pack_len} slots): forward {fwd * 1e3:.0f} ms, "
+    c, fwd, both = split
+    print(f"one {c}-row chunk ({c * pack_len} slots): forward {fwd * 1e3:.0f} ms, "
           f"forward+backward {both * 1e3:.0f} ms (backward = {(both - fwd) / fwd:.1f}x forward)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/tiny_cpu.yaml")
+    ap.add_argument("--trace", required=True, help="a run's trace.jsonl (G and lengths)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+    env = _setup(args)
+    rows_out = _compare_steps(env, args.repeats)
+    gflops = matmul_gflops()
+    split = _chunk_split(env)
+    _report(rows_out, env["mcfg"].num_params(), gflops, env["plan"].pack_len, split)
 
 
 if __name__ == "__main__":
