@@ -21,6 +21,12 @@ plan of a controller that knew the workload exactly but not the draws; that plan
 on the evaluation seeds' own draws (common random numbers with SAGC). SAGC / that figure is the
 estimation loss without the luck. Every static rung of the config is run for the ceilings,
 whatever ``--policies`` says.
+
+Each SAGC / known-parameter ratio is then split into two factors: *within phases* (SAGC's
+benefit over what the plan's per-phase rates would earn in SAGC's own seconds per phase: is it
+as good per second inside each phase?) and *across phases* (the rest: how its seconds are spread
+over the phases; a controller that runs small, short steps in a fast phase that a slow one
+follows spends relatively more of the run in the slow phase, which only foresight avoids).
 """
 
 from __future__ import annotations
@@ -74,6 +80,9 @@ def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) 
                      float((t["step_s"] > long_s[n]).mean()), float(t["straggler_rate"].mean()),
                      sim.sagc.delta + sim.tolerance) for n, t in traj.items() if n in names}
     out["_phase"], out["_steps"], bounds = _phase_means(sim, traj, steps)
+    if "sagc" in traj:  # SAGC's own per-phase sums, for the within / across-phase split
+        out["_sagc_phase"] = np.array([[traj["sagc"][k][a:b].sum() for k in ("benefit", "step_s")]
+                                       for a, b in itertools.pairwise(bounds)])
     for causal in (True, False):  # this seed's own ceilings
         sched, _ = oracle_from_trajectories(traj, sim.sagc.group_sizes, bounds,
                                             sim.sagc.delta, causal=causal)
@@ -112,6 +121,24 @@ def _ceilings(out: list[dict], pop: list[dict], pooled_sagc: float) -> None:
         print(f"  {name}: per seed (knows each seed's draws) mean {per_seed:.4f}, sagc / it "
               f"{pooled_sagc / per_seed:.3f}; known parameters: plan {plan}, scored on these "
               f"seeds {score:.4f} (rate {rate:.3f}), sagc / it {pooled_sagc / score:.3f}")
+        within, across = _split(np.mean([o["_sagc_phase"] for o in out], axis=0),
+                                (w * evald["benefit"]).sum(1), (w * evald["step_s"]).sum(1))
+        print(f"    = within phases {within:.3f} x across phases {across:.3f} (the plan's "
+              f"per-phase rates at SAGC's seconds per phase; across = how SAGC's time is "
+              f"spread over the phases)")
+
+
+def _split(sagc: np.ndarray, plan_b: np.ndarray, plan_s: np.ndarray) -> tuple[float, float]:
+    """SAGC / plan benefit per second = within x across.
+
+    sagc: [K, 2] SAGC's benefit and seconds per phase (mean per seed); plan_b, plan_s: [K] the
+    plan's. within = SAGC's benefit / the benefit the plan's per-phase rates would earn in
+    SAGC's seconds per phase (1 = as good per second inside every phase); across = that
+    counterfactual's benefit/s over the plan's (< 1: more of SAGC's time falls in the phases
+    with low rates, e.g. it ran small steps in a fast phase that a slower one follows).
+    """
+    cf = float((plan_b / plan_s * sagc[:, 1]).sum() / sagc[:, 1].sum())
+    return float(sagc[:, 0].sum() / sagc[:, 1].sum()) / cf, cf / float(plan_b.sum() / plan_s.sum())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -338,3 +338,12 @@ def test_replicates_benchmark_pools_over_seeds(tmp_path, capsys):
         assert score == pytest.approx(pooled[f"static-{plan}"], abs=5e-5)
     else:
         assert min(pooled.values()) - 5e-5 <= score <= max(pooled.values()) + 5e-5
+    # SAGC / plan splits into within-phase x across-phase factors; with one phase SAGC's time
+    # cannot be spread differently over phases, so across is 1 and within is the whole ratio.
+    lines = out.splitlines()
+    i = lines.index(line)
+    within = float(lines[i + 1].split("within phases ")[1].split()[0])
+    across = float(lines[i + 1].split("across phases ")[1].split()[0])
+    ratio = float(line.rsplit("sagc / it ", 1)[1])
+    assert across == pytest.approx(1.0, abs=5e-4)
+    assert within * across == pytest.approx(ratio, abs=2e-3)
