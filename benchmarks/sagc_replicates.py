@@ -106,6 +106,7 @@ def _ceilings(out: list[dict], pop: list[dict], pooled_sagc: float) -> None:
     t = out[0]["_steps"]
     mean = {k: np.mean([p[k] for p in pop], axis=0) for k in _KEYS}
     evald = {k: np.mean([o["_phase"][k] for o in out], axis=0) for k in _KEYS}
+    sagc_phase = np.mean([o["_sagc_phase"] for o in out], axis=0)
     print(f"ceilings ({len(pop)} independent seeds for the known parameters):")
     for name, solve, key in (("causal", solve_causal, "_causal"),
                              ("oracle", solve_oracle, "_oracle")):
@@ -121,8 +122,8 @@ def _ceilings(out: list[dict], pop: list[dict], pooled_sagc: float) -> None:
         print(f"  {name}: per seed (knows each seed's draws) mean {per_seed:.4f}, sagc / it "
               f"{pooled_sagc / per_seed:.3f}; known parameters: plan {plan}, scored on these "
               f"seeds {score:.4f} (rate {rate:.3f}), sagc / it {pooled_sagc / score:.3f}")
-        within, across = _split(np.mean([o["_sagc_phase"] for o in out], axis=0),
-                                (w * evald["benefit"]).sum(1), (w * evald["step_s"]).sum(1))
+        within, across = _split(sagc_phase, (w * evald["benefit"]).sum(1),
+                                (w * evald["step_s"]).sum(1))
         print(f"    = within phases {within:.3f} x across phases {across:.3f} (the plan's "
               f"per-phase rates at SAGC's seconds per phase; across = how SAGC's time is "
               f"spread over the phases)")
