@@ -16,6 +16,8 @@ Read: ``README.md``, ``benchmarks/*.md`` and every ``docs/**/*.md``. Checked:
   name (``DESIGN.md``; a lower-case ``results.md`` is usually a file a command writes): they must
   exist beside the file, under the root or under ``docs/`` (not checked in the generated
   ``docs/config.md``, whose text is the schema's doc strings).
+* **Module tables** (``| `train/state.py` | `TrainState` ... |``): a class-like name in a row
+  must be defined in the row's modules, a called name (``build_run(cfg)``) must occur there.
 * **Relative markdown links** ``[text](path#anchor)``: the path, resolved from the linking file,
   must exist.
 
@@ -120,6 +122,60 @@ def bad_code_refs(text: str, root: pathlib.Path = ROOT) -> list[str]:
     return bad
 
 
+def _resolve_module(ref: str, root: pathlib.Path, near: str) -> list[pathlib.Path]:
+    """The files a module cell cites: ``sampling/sampler.py`` (under the package), ``data/``
+    (every module in it), a bare ``losses.py`` beside ``near`` or, if unique, anywhere."""
+    ref = ref.removeprefix(f"{PACKAGE}/").rstrip("/")
+    if "/" not in ref and near:
+        ref = f"{near}/{ref}"
+    path = root / PACKAGE / ref
+    if path.is_dir():
+        return sorted(path.rglob("*.py"))
+    if path.is_file():
+        return [path]
+    if "/" not in ref and ref.endswith(".py"):
+        hits = sorted((root / PACKAGE).rglob(ref))
+        return hits if len(hits) == 1 else []
+    return []
+
+
+def bad_table_symbols(text: str, root: pathlib.Path = ROOT) -> list[str]:
+    """Names a module table says a module holds that the module does not define.
+
+    A row ``| `train/state.py` | `TrainState` (...), `build_run(cfg)` |`` cites modules in its
+    first cell; each class-like name (``CamelCase``) in the other cells must be defined there
+    (``class``/``def``/assignment at any indent), and each called name (``name(...)``) must at
+    least occur in their source. Rows whose modules do not resolve are left to
+    :func:`bad_code_refs`."""
+    bad = []
+    for line in _strip_fences(text).splitlines():
+        cells = line.split("|")
+        if not line.startswith("|") or len(cells) < 4:
+            continue
+        files: list[pathlib.Path] = []
+        near = ""
+        for ref in _CODE.findall(cells[1]):
+            ref = ref.strip().removeprefix(f"{PACKAGE}/")
+            if "/" not in ref and not ref.endswith(".py"):
+                continue  # `run`, `data`: a word, not a module path
+            files += _resolve_module(ref, root, near)
+            if "/" in ref.rstrip("/"):
+                near = ref.rsplit("/", 1)[0]
+            elif ref.endswith("/"):
+                near = ref.rstrip("/")
+        if not files:
+            continue
+        src = "\n".join(f.read_text() for f in files)
+        rest = "|".join(cells[2:])
+        for name in re.findall(r"`([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*)`", rest):
+            if not re.search(rf"^\s*(class|def)\s+{name}\b|^\s*{name}\s*[:=]", src, re.M):
+                bad.append(name)
+        for name in re.findall(r"`([A-Za-z_]\w*)\(", rest):
+            if not re.search(rf"\b{name}\b", src):
+                bad.append(name)
+    return bad
+
+
 def bad_md_names(text: str, where: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
     """Markdown files named anywhere in ``text`` (``DESIGN.md``, ``docs/sagc.md``) that exist
     neither beside the file, nor under the root, nor under ``docs/``."""
@@ -154,6 +210,8 @@ def problems(files: Iterable[pathlib.Path] | None = None,
         name = f.relative_to(root) if f.is_relative_to(root) else f
         out += [f"{name}: no such module or file `{r}`" for r in bad_code_refs(text, root)]
         out += [f"{name}: broken link ({t})" for t in bad_links(text, f.parent, root)]
+        out += [f"{name}: module table names `{n}`, which its module does not define"
+                for n in bad_table_symbols(text, root)]
         if str(name) not in GENERATED:
             out += [f"{name}: names a missing file {n}"
                     for n in bad_md_names(text, f.parent, root)]
