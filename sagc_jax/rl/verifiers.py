@@ -14,7 +14,8 @@
 per call with the example's generator settings.
 
 ``math_verify`` — ``math_verify.verify(parse(answer), parse(prediction))``: 1.0 or 0.0, the
-reference from the ``answer`` column, the prediction the last ``<answer>…</answer>`` content if
+reference from the ``answer`` column (a bare answer such as ``x^2 + 1`` read as ``$x^2 + 1$``),
+the prediction the last ``<answer>…</answer>`` content if
 there is one, else the whole completion (math-verify finds ``\\boxed{}``, ``$…$`` or a last
 number). A reference math-verify cannot parse scores ``None`` (not applicable, as in TRL).
 math-verify's time limits use ``signal.alarm``, which works only in the main thread; called from
@@ -111,6 +112,16 @@ def reasoning_gym_strict_reward(prompts: Sequence[str], completions: Sequence[st
     return _score_rg("reasoning_gym_strict", completions, rg_entry, rg_config, lenient=False)
 
 
+def _parse_reference(parse: Any, ref: str, limit: int | None) -> list[Any]:
+    """math-verify's parse of a reference; a bare answer without ``$`` or ``\\boxed`` is read
+    as LaTeX math first (bare ``x^2 + 1`` would otherwise parse as its last number, 1)."""
+    if ref.strip() and "$" not in ref and "\\boxed" not in ref:
+        gold = parse(f"${ref}$", parsing_timeout=limit)
+        if gold:
+            return gold
+    return parse(ref, parsing_timeout=limit)
+
+
 def math_verify_reward(prompts: Sequence[str], completions: Sequence[str],
                        answer: Sequence[Any] | None = None, **_: Any) -> list[float | None]:
     """1.0 if math-verify finds the completion's answer equal to the ``answer`` column."""
@@ -125,7 +136,7 @@ def math_verify_reward(prompts: Sequence[str], completions: Sequence[str],
     for completion, ref in zip(completions, answers):
         ref = "" if ref is None else str(ref)
         if ref not in golds:
-            golds[ref] = parse(ref, parsing_timeout=limit)
+            golds[ref] = _parse_reference(parse, ref, limit)
         if not golds[ref]:
             out.append(None)
             continue
