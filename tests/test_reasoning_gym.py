@@ -241,3 +241,17 @@ def test_a_reasoning_gym_task_trains_with_the_tiny_model(tmp_path):
     assert all(r["reward_errors"] == 0 for r in rows)
     assert 17 <= np.mean([r["len_mean"] for r in rows]) <= 22
     assert np.mean([r["truncated_frac"] for r in rows]) < 0.25
+
+
+def test_dry_run_reports_bad_task_options():
+    from sagc_jax.dryrun import dry_run
+
+    ok = load_config("configs/tiny_cpu.yaml", [
+        "data.task=reasoning_gym", "data.task_options={datasets: {chain_sum: {max_terms: 3}}}"])
+    assert dry_run(ok, num_devices=1)["checks"]["data.task_options"] == "ok"
+    bad = load_config("configs/tiny_cpu.yaml", [
+        "data.task=reasoning_gym", "data.task_options={datasets: {chain_sum: {max_term: 3}}}"])
+    r = dry_run(bad, num_devices=1)
+    assert not r["ok"]
+    assert any(e.startswith("data.task_options: unknown key 'data.task_options.datasets."
+                            "chain_sum.max_term'") for e in r["errors"]), r["errors"]
