@@ -201,6 +201,9 @@ def test_config_path_grain_and_columns(tmp_path):
         load_examples(bad, "train")
 
 
+_TRAIN_OPTIONS = {"system_prompt": None, "datasets": {"basic_arithmetic": {
+    "min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"], "allow_negation": False,
+    "allow_parentheses": False}}}
 # A ~80k-parameter char-level model on one-digit additions ("Calculate 3 + 6." ->
 # "<answer>9</answer>"): 17-token prompts, 19-token answers.
 TRAIN = [
@@ -218,7 +221,16 @@ TRAIN = [
 ]
 
 
-def test_a_reasoning_gym_task_trains_with_the_tiny_model(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from sagc_jax.cli import main
+
+    run_dir = tmp_path_factory.mktemp("rg") / "run"
+    assert main(["train", *TRAIN, f"run.dir={run_dir}"]) == 0
+    return run_dir
+
+
+def test_a_reasoning_gym_task_trains_with_the_tiny_model(tiny_run):
     """SFT warm start on `<answer>N</answer>` references, then GRPO steps scored by
     reasoning-gym's own verifier (strict: only a tagged answer counts).
 
@@ -229,18 +241,34 @@ def test_a_reasoning_gym_task_trains_with_the_tiny_model(tmp_path):
     GRPO steps of 32 rows cannot move that measurably above sampling noise (std ~0.04 per step);
     a rise needs hundreds of steps, minutes on CPU, beyond a CI test.
     """
-    from sagc_jax.cli import main
     from sagc_jax.metrics import read_jsonl
 
-    run_dir = tmp_path / "run"
-    assert main(["train", *TRAIN, f"run.dir={run_dir}"]) == 0
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_jsonl(tiny_run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 7))
     rewards = np.array([r["reward_mean"] for r in rows])
     assert np.all((rewards >= 0) & (rewards <= 1)) and rewards.sum() > 0
     assert all(r["reward_errors"] == 0 for r in rows)
     assert 17 <= np.mean([r["len_mean"] for r in rows]) <= 22
     assert np.mean([r["truncated_frac"] for r in rows]) < 0.25
+
+
+def test_cli_eval_of_the_run_scores_the_heldout_split(tiny_run, tmp_path):
+    """`sagc-jax eval` on the run: the held-out problems of its config, greedy completions in
+    the SFT'd format, scored by the run's reward."""
+    import json
+    import re
+
+    from sagc_jax.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--checkpoint", str(tiny_run), "--limit", "4", "--num-samples", "0",
+                 "--no-progress", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["correct_reward"] == "reasoning_gym_strict" and res["reward_errors"] == 0
+    assert res["num_prompts"] == 4
+    heldout = {e["prompt"] for e in get_task("reasoning_gym", **_TRAIN_OPTIONS).eval_examples(4)}
+    assert {p["prompt"] for p in res["per_prompt"]} == heldout
+    assert all(re.fullmatch(r"<answer>\d+</answer>", p["greedy"]) for p in res["per_prompt"])
 
 
 def test_dry_run_reports_bad_task_options():
