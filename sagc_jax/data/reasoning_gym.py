@@ -200,6 +200,11 @@ def _dataset_choice(name: str, settings: Any) -> DatasetChoice:
 
 def parse_options(options: Mapping[str, Any]) -> ReasoningGymOptions:
     """Validated options; a one-line :class:`ConfigError` naming ``data.task_options...``."""
+    import importlib.util
+
+    if importlib.util.find_spec("reasoning_gym") is None:
+        raise ConfigError("data.task=reasoning_gym needs the reasoning-gym package: pip install "
+                          "'sagc-jax[real]' (or reasoning-gym==0.1.25)")
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
     allowed = ("datasets", "system_prompt")

@@ -43,7 +43,17 @@ _NUMBER_RE = re.compile(r"-?\d+(?:[.,]\d+)*")
 _MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, per parse / comparison
 
 
+def _require(module: str, package: str, reward: str) -> None:
+    """A missing optional package is one line saying how to install it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ModuleNotFoundError(f"reward {reward!r} needs the {package} package: pip install "
+                                  f"'sagc-jax[real]' (or {package} itself)")
+
+
 def _tagged(completion: str) -> str | None:
+    _require("reasoning_gym", "reasoning-gym", "reasoning_gym")
     from reasoning_gym.utils import extract_answer
 
     return extract_answer(completion)
@@ -80,6 +90,7 @@ def _score_rg(name: str, completions: Sequence[str], rg_entry: Sequence[Any] | N
               rg_config: Sequence[Any] | None, lenient: bool) -> list[float]:
     import json
 
+    _require("reasoning_gym", "reasoning-gym", name)
     from reasoning_gym import create_dataset
 
     entries = _need(name, "rg_entry", rg_entry, len(completions))
@@ -125,6 +136,7 @@ def _parse_reference(parse: Any, ref: str, limit: int | None) -> list[Any]:
 def math_verify_reward(prompts: Sequence[str], completions: Sequence[str],
                        answer: Sequence[Any] | None = None, **_: Any) -> list[float | None]:
     """1.0 if math-verify finds the completion's answer equal to the ``answer`` column."""
+    _require("math_verify", "math-verify", "math_verify")
     from math_verify import parse, verify
 
     answers = _need("math_verify", "answer", answer, len(completions))
