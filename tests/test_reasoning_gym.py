@@ -283,3 +283,6 @@ def test_dry_run_reports_bad_task_options():
     assert not r["ok"]
     assert any(e.startswith("data.task_options: unknown key 'data.task_options.datasets."
                             "chain_sum.max_term'") for e in r["errors"]), r["errors"]
+    missing = load_config("configs/tiny_cpu.yaml", ["data.task=reasoning_gym"])
+    assert any(e.startswith("data.task_options.datasets: required")
+               for e in dry_run(missing, num_devices=1)["errors"])
