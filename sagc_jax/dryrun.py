@@ -190,6 +190,20 @@ def _check_paths(cfg: Config) -> dict[str, str]:
 
         out["data.task"] = ("ok" if d.task in TASKS
                             else f"error: unknown task (built-ins: {', '.join(sorted(TASKS))})")
+        if d.task in TASKS:  # the options, e.g. reasoning-gym dataset names and settings
+            from sagc_jax.data.pipeline import task_options
+            from sagc_jax.data.tasks import get_task
+
+            try:
+                get_task(d.task, **task_options(d))
+                if d.task_options:
+                    out["data.task_options"] = "ok"
+            except ValueError as e:  # "data.task_options.x: why" or "unknown key ..."
+                msg = str(e).splitlines()[0]
+                key, sep, why = msg.partition(": ")
+                if not (sep and key.startswith("data.task_options")):
+                    key, why = "data.task_options", msg
+                out[key] = f"error: {why}"
     for key, path in (("data.train_file", d.train_file), ("data.eval_file", d.eval_file)):
         if path is not None:
             out[key] = f"exists ({os.path.getsize(path)} bytes)" if os.path.isfile(path) \

@@ -9,6 +9,7 @@ and ``key=value`` overrides.
 from __future__ import annotations
 
 import itertools
+import json
 import typing
 from collections.abc import Mapping
 from importlib import resources
@@ -171,6 +172,17 @@ class ModelSection(Section):
         return self
 
 
+class _FrozenDict(dict):
+    """A dict that hashes by its JSON text, so sections holding one stay hashable."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=repr))
+
+
+def _frozen(value: dict[str, Any]) -> dict[str, Any]:
+    return _FrozenDict(value)
+
+
 class DataConfig(Section):
     """Prompt source: a built-in task or a JSONL/Parquet file."""
 
@@ -193,6 +205,12 @@ class DataConfig(Section):
         "often the warm-started policy rambles); None = the task's default (0.06).",
         ge=0,
         lt=1,
+    )
+    task_options: Annotated[dict[Str, Any], AfterValidator(_frozen)] | None = field(
+        None,
+        "Built-in task options for its factory, e.g. for task reasoning_gym {system_prompt: "
+        "default, datasets: {chain_sum: {weight: 1, min_terms: 2}}} (docs/tasks.md); checked "
+        "when the task is built.",
     )
     worker_count: Int = field(0, "grain worker processes; 0 = in-process.", ge=0)
     shards: Int | None = field(

@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "make_arith_examples": "tasks",
     "RambleSource": "ramble",
     "verify_ramble": "ramble",
+    "ReasoningGymSource": "reasoning_gym",
     # readers
     "DataError": "readers",
     "read_examples": "readers",

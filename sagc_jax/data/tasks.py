@@ -34,6 +34,7 @@ import numpy as np
 
 __all__ = [
     "EVAL_BUCKETS",
+    "STEP_TASKS",
     "TASKS",
     "ArithSource",
     "Task",
@@ -269,13 +270,31 @@ TASKS: dict[str, Callable[..., Task]] = {
     ),
     # arith with rambling SFT demonstrations: heavy-tailed completion lengths (ramble.py).
     "ramble": lambda **kw: _ramble_task(**kw),
+    # Problems from reasoning-gym's generators, scored by their own verifiers (reasoning_gym.py).
+    "reasoning_gym": lambda **kw: _reasoning_gym_task(**kw),
 }
+
+#: Tasks that take the config's ``data.task_min_steps`` / ``data.task_max_steps``.
+STEP_TASKS = frozenset({"arith", "arith_short", "ramble"})
 
 
 def _ramble_task(**kw: Any) -> Task:
     from sagc_jax.data.ramble import ramble_task  # ramble.py imports this module
 
     return ramble_task(**kw)
+
+
+def _reasoning_gym_task(**options: Any) -> Task:
+    from sagc_jax.data.reasoning_gym import ReasoningGymSource, heldout_examples, parse_options
+
+    opts = parse_options(options)
+    return Task(
+        name="reasoning_gym",
+        default_reward="reasoning_gym",
+        description=opts.description(),
+        make_train=lambda seed, n: ReasoningGymSource(n, seed, opts),
+        make_eval=lambda n: heldout_examples(opts, n),
+    )
 
 
 def get_task(name: str, **options: Any) -> Task:
