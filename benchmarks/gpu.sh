@@ -66,11 +66,10 @@ elif compgen -G "$wheels/*.whl" >/dev/null; then
   export GPU_SITE=${GPU_SITE:-$tmp/sagc_gpu_site}
   rm -rf "$GPU_SITE"
   mkdir -p "$GPU_SITE"
-  if "$py" -m pip --version >/dev/null 2>&1; then
-    "$py" -m pip install --quiet --no-index --no-deps --target "$GPU_SITE" "$wheels"/*.whl \
-      2>&1 | tee -a "$log"
-  else  # no pip on the image: a wheel is a zip of its site-packages files
-    say "no pip; unpacking the wheels"
+  if ! "$py" -m pip install --quiet --no-index --no-deps --target "$GPU_SITE" \
+    "$wheels"/*.whl >>"$log" 2>&1; then
+    # No pip (or a pip that refuses): a wheel is a zip of its site-packages files.
+    say "pip install --target failed (see above); unpacking the wheels instead"
     for w in "$wheels"/*.whl; do "$py" -m zipfile -e "$w" "$GPU_SITE"; done
   fi
   export PYTHONPATH="$GPU_SITE:$PYTHONPATH"

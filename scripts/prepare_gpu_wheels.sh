@@ -3,8 +3,10 @@
 # lacks, so that `benchmarks/gpu.sh` can install them there with no network (issue 35).
 #
 #   scripts/prepare_gpu_wheels.sh [DEST]        # DEST default: .gpu_wheels/ (git-ignored)
-#   CHECK=1 scripts/prepare_gpu_wheels.sh       # also install them --no-index --target into a
-#                                               # scratch folder and list what landed there
+#   CHECK=1 [CHECK_PYTHON=PY] scripts/prepare_gpu_wheels.sh
+#       also install them --no-index --no-deps --target into a scratch folder; with CHECK_PYTHON
+#       (an interpreter holding the image's package versions), import every sagc_jax module
+#       with that folder first on the path
 #
 # The image (Python 3.12 as `python3`; jax 0.11.2 + the CUDA 13 plugin, flax, optax,
 # orbax-checkpoint, transformers 5.17, safetensors, tokenizers, pyarrow, matplotlib, tqdm,
@@ -20,7 +22,7 @@
 # carries at most 64 MiB with the working tree).
 #
 # Env: PIP [python3.12 -m pip if found, else python3 -m pip]  the pip that downloads (any
-#      Python: --python-version picks the wheels); CHECK [0].
+#      Python: --python-version picks the wheels); CHECK [0]; CHECK_PYTHON [unset].
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -67,6 +69,24 @@ du -ch "$dest"/*.whl | tail -1 | sed "s|total|$dest ($n wheels)|"
 if [[ ${CHECK:-0} == 1 ]]; then
   scratch=$(mktemp -d)
   "${pip[@]}" install --no-index --no-deps --target "$scratch" "$dest"/*.whl >/dev/null
-  echo "installed into $scratch:"
-  ls "$scratch"
+  echo "installed into $scratch: $(ls "$scratch" | grep -v -e dist-info -e __pycache__ | xargs)"
+  if [[ -n ${CHECK_PYTHON:-} ]]; then
+    # An interpreter set up like the image (Python 3.12, jax 0.11.2, transformers 5.17, no
+    # pydantic / grain / tensorboardX): every sagc_jax module must import with the wheels.
+    PYTHONPATH="$scratch:$PWD" JAX_PLATFORMS=cpu "$CHECK_PYTHON" - <<'PY'
+import importlib, pkgutil, sys
+import sagc_jax
+bad = {}
+for m in pkgutil.walk_packages(sagc_jax.__path__, "sagc_jax."):
+    try:
+        importlib.import_module(m.name)
+    except Exception as e:
+        bad[m.name] = f"{type(e).__name__}: {e}"
+import jax, pydantic, grain, transformers
+print(f"python {sys.version.split()[0]}, jax {jax.__version__}, transformers "
+      f"{transformers.__version__}, pydantic {pydantic.__version__} from {pydantic.__file__}")
+print("import failures:", bad or "none")
+sys.exit(1 if bad else 0)
+PY
+  fi
 fi
