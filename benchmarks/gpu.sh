@@ -25,7 +25,6 @@
 #   XLA_PYTHON_CLIENT_MEM_FRACTION [0.9]   BENCH_ARGS (extra flags for every part)
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
 smoke=0
 if [[ ${1:-} == --cpu-smoke ]]; then
   smoke=1
@@ -33,6 +32,8 @@ if [[ ${1:-} == --cpu-smoke ]]; then
 fi
 out_dir=${1:-${OUT:-bench_out}}
 mkdir -p "$out_dir"
+out_dir=$(cd "$out_dir" && pwd)  # the caller's relative path, before the cd below
+cd "$(dirname "$0")/.."
 log=$out_dir/gpu_bench.log
 py=${PYTHON:-python3}
 tmp=${TMPDIR:-/tmp}

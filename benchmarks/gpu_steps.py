@@ -47,9 +47,11 @@ from sagc_jax.train.state import init_opt_state
 ROOT = Path(__file__).resolve().parent.parent
 GPU_CONFIG = ROOT / "configs" / "qwen2.5-0.5b_gsm8k_gpu.yaml"
 # The smoke's model (one layer: compile time is the smoke's cost) and batch: 2 prompts x G in
-# {2, 4}, 16-token prompt bucket and completions, one packed chunk size.
-TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
-            num_kv_heads=2, head_dim=8)
+# {2, 4}, 16-token prompt bucket and completions, one packed chunk size. 32 query heads per kv
+# head: decode's attention then takes the batched-`einsum` form a GPU takes (XLA:CPU switches
+# to multiply-reduce at <= 16 query rows per kv head, models/decode.py).
+TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=32,
+            num_kv_heads=1, head_dim=4)
 SMOKE_OVERRIDES = ["data.prompts_per_step=2", "sagc.group_sizes=[2,4]",
                    "sagc.initial_group_size=2", "sampling.max_new_tokens=16",
                    "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8",
