@@ -140,6 +140,31 @@ def test_dry_run_reads_gguf_metadata(files, capsys):
     assert f"llama from gguf {files['llama']}" in format_report(r)
 
 
+def test_train_and_export_from_a_gguf_model_path(files, tmp_path):
+    """`model.path: file.gguf` with `model.tokenizer` unset and the file's chat template: one
+    GRPO step trains; the run's `initial` checkpoint (the GGUF weights, no SFT) exports to an HF
+    directory whose logits, in transformers, equal transformers' loading of the GGUF itself."""
+    from sagc_jax.cli import main
+
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
+                 f"model.path={files['qwen2']}", "data.chat_template=true",
+                 f"run.dir={run_dir}", "run.steps=1", "run.eval_every=0", "init.sft_steps=0",
+                 "data.task=arith_short", "data.prompts_per_step=2", "sagc.group_sizes=[2]",
+                 "sagc.initial_group_size=2", "sampling.max_new_tokens=8",
+                 "sampling.prompt_buckets=[96]", "sampling.decode_chunk=8",
+                 "checkpoint.every=1", "run.progress=false", "run.plots=false"])
+    assert code == 0
+    out = tmp_path / "hf"
+    assert main(["export", "--checkpoint", str(run_dir / "checkpoints" / "initial"),
+                 "--out", str(out)]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = hf(torch.tensor(IDS)).logits.numpy()
+    assert float(np.abs(got - _hf_logits(files["qwen2"])).max()) <= 1e-4
+    assert AutoTokenizer.from_pretrained(out).chat_template == CHAT_TEMPLATE
+
+
 # ------------------------------------------------------------------ the real SmolLM2 file
 
 def _smollm2() -> str:
