@@ -35,6 +35,7 @@ from sagc_jax.config.schema import LoRASection
 from sagc_jax.memory_estimate import MemoryInputs, activation_bytes, estimate, option_effects
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.build import model_config, with_lora
+from sagc_jax.models.gguf import is_gguf
 from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
@@ -56,8 +57,11 @@ class DryRunError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
-def _tokenizer_check(path: str | None) -> tuple[str, int | None]:
-    """(status, vocab length) of ``model.tokenizer``; loads only what exists locally."""
+def _tokenizer_check(path: str | None, model_path: str | None = None) -> tuple[str, int | None]:
+    """(status, vocab length) of ``model.tokenizer`` (unset: a GGUF ``model.path``'s own
+    tokenizer); loads only what exists locally."""
+    if path is None and is_gguf(model_path) and os.path.isfile(model_path):
+        path = model_path
     if path is not None and not os.path.exists(path):
         return MISSING, None
     if path is not None and os.path.isdir(path) and not any(
@@ -76,10 +80,16 @@ def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelC
     """The architecture the trainer would build (`models.build.model_config`), and where it
     came from. ``model.path`` with a ``config.json``: that file only (no weights). Otherwise
     ``model.preset`` (a shipped architecture, ``sagc_jax/models/presets``), so a config whose
-    ``model.path`` is a placeholder still dry-runs. Fresh model: the ``model.*`` fields with
+    ``model.path`` is a placeholder still dry-runs. A ``.gguf`` ``model.path``: its metadata.
+    Fresh model: the ``model.*`` fields with
     ``vocab_size`` (the tokenizer's length, which the caller supplies).
     """
     m = cfg.model
+    if is_gguf(m.path) and os.path.isfile(m.path):
+        try:  # the file's metadata only: no tensor is read
+            return model_config(cfg, vocab_size), f"gguf {m.path}"
+        except (OSError, ValueError) as e:
+            raise DryRunError(f"model.path: {e}") from None
     cfg_file = os.path.join(m.path, "config.json") if m.path is not None else None
     if cfg_file is not None and os.path.isfile(cfg_file):
         try:
@@ -260,7 +270,7 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     batch_ways = _ways(mesh, BATCH_AXES)
 
     # ---- model, tokenizer, data paths ------------------------------------------------------
-    tok_status, tok_len = _tokenizer_check(cfg.model.tokenizer)
+    tok_status, tok_len = _tokenizer_check(cfg.model.tokenizer, cfg.model.path)
     checks = {"model.tokenizer": tok_status, **_check_paths(cfg)}
     mcfg, source = model_config_for(cfg, tok_len)
     if tok_len is not None and tok_len > mcfg.vocab_size:

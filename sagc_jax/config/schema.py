@@ -113,10 +113,12 @@ class ModelSection(Section):
 
     section_key = "model"
     path: Str | None = field(
-        None, "HF model directory (config.json + safetensors); None = fresh random model."
+        None, "HF model directory (config.json + safetensors) or a .gguf file (weights, "
+        "tokenizer and chat template); None = fresh random model."
     )
     tokenizer: Str | None = field(
-        None, "HF tokenizer directory; None = built-in tokenizer shipped with the package."
+        None, "HF tokenizer directory or .gguf file; None = model.path's own tokenizer, else "
+        "the built-in tokenizer shipped with the package."
     )
     model_type: Literal["llama", "qwen2"] = field("llama", "Model family (fresh models only).")
     hidden_size: Int = field(128, "Residual width.", ge=1)

@@ -56,7 +56,8 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> PreTrainedToke
     """Load a tokenizer with ``AutoTokenizer.from_pretrained``.
 
     Args:
-      path: a local directory (HF tokenizer files), a model id already in the local HF cache, or
+      path: a local directory (HF tokenizer files), a ``.gguf`` file (its tokenizer metadata and
+        chat template), a model id already in the local HF cache, or
         ``None`` / ``"sagc-char"`` for the packaged char-level tokenizer. Nothing is downloaded
         unless the caller's environment allows it.
 
@@ -68,12 +69,59 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> PreTrainedToke
     """
     where = packaged_tokenizer_dir() if path in (None, PACKAGED_TOKENIZER) else os.fspath(path)
     try:
-        tok = AutoTokenizer.from_pretrained(where)
+        if _is_gguf_file(where):  # vocabulary, merges, special ids and template from metadata
+            tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(where)),
+                                                gguf_file=os.path.basename(where))
+            _gguf_chat_template(tok, where)
+        else:
+            tok = AutoTokenizer.from_pretrained(where)
     except Exception as exc:  # HF raises OSError/ValueError/... depending on what is missing.
         raise ValueError(f"cannot load tokenizer from {where!r}: {exc}") from exc
     if tok.pad_token_id is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def _is_gguf_file(path: str) -> bool:
+    return path.lower().endswith(".gguf") and os.path.isfile(path)
+
+
+def _gguf_fields(path: str) -> dict:
+    """A GGUF file's metadata fields (gguf-py, the `real` extra; tensors are not read)."""
+    import gguf
+
+    return gguf.GGUFReader(path).fields
+
+
+def _gguf_chat_template(tok: PreTrainedTokenizerBase, path: str) -> None:
+    """Sets the file's `tokenizer.chat_template` when transformers did not copy it."""
+    if getattr(tok, "chat_template", None):
+        return
+    field = _gguf_fields(path).get("tokenizer.chat_template")
+    if field is not None:
+        tok.chat_template = field.contents()
+
+
+def _gguf_vocab(path: str) -> int | None:
+    """A GGUF model's vocab size: `{arch}.vocab_size`, else the length of its token list."""
+    fields = _gguf_fields(path)
+    arch = fields["general.architecture"].contents()
+    if f"{arch}.vocab_size" in fields:
+        return int(fields[f"{arch}.vocab_size"].contents())
+    tokens = fields.get("tokenizer.ggml.tokens")
+    return len(tokens.data) if tokens is not None else None
+
+
+def _model_vocab(model_path: str) -> int | None:
+    """The model's vocab size from `config.json` or GGUF metadata; None when unreadable
+    (loading the model names the problem)."""
+    try:
+        if _is_gguf_file(model_path):
+            return _gguf_vocab(model_path)
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            return int(json.load(f)["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _looks_like_path(name: str) -> bool:
@@ -89,7 +137,8 @@ def load_run_tokenizer(
 ) -> PreTrainedTokenizerBase:
     """The tokenizer a run uses, checked against the model before anything is built.
 
-    `model.tokenizer` if set; else `model.path`'s own tokenizer files if it has them; else the
+    `model.tokenizer` if set; else `model.path`'s own tokenizer (its tokenizer files, or a GGUF
+    file's metadata) if it has one; else the
     packaged char-level tokenizer — which, with `model.path` set, must match that model's
     vocabulary size exactly (a 400-token model with the 101-token built-in is refused, not
     trained). A tokenizer with more tokens than the model's vocabulary is refused too.
@@ -99,20 +148,21 @@ def load_run_tokenizer(
     """
     vocab = None
     if model_path is not None:
-        if not os.path.isdir(model_path):
-            what = "does not exist" if not os.path.exists(model_path) else "is not a directory"
+        gguf = model_path.lower().endswith(".gguf")
+        if not (os.path.isfile(model_path) if gguf else os.path.isdir(model_path)):
+            what = ("does not exist" if not os.path.exists(model_path)
+                    else "is not a file" if gguf else "is not a directory")
             raise TokenizerError(f"model.path: {model_path} {what}")
-        try:
-            with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
-                vocab = int(json.load(f)["vocab_size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            vocab = None  # from_pretrained names the config problem
+        # A GGUF's own tokenizer is its vocabulary: only another tokenizer needs the check.
+        vocab = None if gguf and tokenizer is None else _model_vocab(model_path)
     source = tokenizer
-    if source is None and model_path is not None and has_tokenizer(model_path):
+    if source is None and model_path is not None and (
+            _is_gguf_file(model_path) or has_tokenizer(model_path)):
         source = model_path
     key = "model.tokenizer" if tokenizer is not None else "model.path"
     if source not in (None, PACKAGED_TOKENIZER):
-        if _looks_like_path(source) and not os.path.isdir(os.path.expanduser(source)):
+        expanded = os.path.expanduser(source)
+        if _looks_like_path(source) and not (os.path.isdir(expanded) or _is_gguf_file(expanded)):
             raise TokenizerError(f"{key}: tokenizer directory {source} does not exist")
         try:
             tok = load_tokenizer(os.path.expanduser(source))
