@@ -5,6 +5,11 @@ Every tokenizer — the packaged char-level one or a Hugging Face model's — is
 The packaged asset (``sagc_jax/assets/tokenizer``, rebuilt by ``scripts/build_tokenizer.py``) is a
 character-level tokenizer over printable ASCII + newline/tab with ``<pad>`` = 0, ``<bos>`` = 1,
 ``<eos>`` = 2, ``<unk>`` = 3 and a minimal chat template.
+
+How a prompt becomes ids is decided once, on the tokenizer object (:func:`set_prompt_rule`: its
+bos token first if it has one, applied by :func:`load_tokenizer`), and read in one place
+(:func:`encode_prompts`) by training, eval and the length checks; export saves that same
+tokenizer, so ``AutoTokenizer.from_pretrained(export)(text)`` gives the ids training used.
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 __all__ = [
     "PACKAGED_TOKENIZER",
     "TokenizerError",
+    "check_saved_tokenizer",
     "decode_completion",
     "encode_prompt",
+    "encode_prompts",
     "encode_text",
     "load_run_tokenizer",
     "load_tokenizer",
     "packaged_tokenizer_dir",
+    "set_prompt_rule",
     "stop_ids",
 ]
 
@@ -79,7 +87,7 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> PreTrainedToke
         raise ValueError(f"cannot load tokenizer from {where!r}: {exc}") from exc
     if tok.pad_token_id is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
-    return tok
+    return set_prompt_rule(tok)
 
 
 def _is_gguf_file(path: str) -> bool:
@@ -188,27 +196,104 @@ def encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False))
 
 
-def encode_prompt(
-    tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False
-) -> list[int]:
-    """Token ids of a prompt, ready for generation.
+#: Set on a tokenizer once :func:`set_prompt_rule` has configured it (checked, not re-done).
+_RULE_ATTR = "_sagc_prompt_rule"
 
-    With ``chat_template`` the text becomes a single user message rendered by the tokenizer's chat
-    template with the generation prompt appended. A bos token is prepended if the tokenizer has
-    one and the ids do not already start with it (so templates that emit bos don't get two).
-    For the packaged char-level tokenizer ``decode(encode_prompt(tok, x)[1:]) == x``.
+
+def set_prompt_rule(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Make ``tok`` itself encode a prompt the way training does: its bos token first if it has
+    one (Llama-style), nothing if it has none (Qwen2-style), never an eos. Returns ``tok``.
+
+    The rule lives on the tokenizer object, so ``tok(text)``, ``encode_prompt`` and the files
+    ``tok.save_pretrained`` writes agree: transformers 5 keeps the rule as the
+    ``TemplateProcessing`` post-processor in tokenizer.json (it drops ``add_bos_token`` from
+    tokenizer_config.json) and applies it on reload (whose ``add_bos_token`` property then reads
+    False: the post-processor is what counts). Idempotent; mutates ``tok``.
+
+    Raises:
+      TokenizerError: the tokenizer ignores ``add_bos_token`` (the message names it).
     """
+    want = tok.bos_token_id is not None
+    if getattr(tok, _RULE_ATTR, None) == want:
+        return tok
+    # TokenizersBackend rebuilds its post-processor to exactly `[bos] $A` / `$A` on each set.
+    tok.add_eos_token = False
+    tok.add_bos_token = want
+    plain = tok("1", add_special_tokens=False)["input_ids"]
+    if tok("1")["input_ids"] != [tok.bos_token_id] * want + plain:
+        raise TokenizerError(
+            f"tokenizer {tok.name_or_path or type(tok).__name__} ({type(tok).__name__}) does "
+            f"not honour add_bos_token={want}; use a fast (tokenizer.json) tokenizer")
+    setattr(tok, _RULE_ATTR, want)
+    return tok
+
+
+def encode_prompts(
+    tok: PreTrainedTokenizerBase, texts: Sequence[str], chat_template: bool = False
+) -> list[list[int]]:
+    """Token ids of prompts, ready for generation: the one place a prompt becomes ids.
+
+    Plain: ``tok(text).input_ids`` with the tokenizer's own special tokens, which after
+    :func:`set_prompt_rule` (applied here) are its bos token, if it has one. A prompt that
+    already starts with the bos string gets no second one. With ``chat_template`` the text
+    becomes a single user message and the ids are ``tok.apply_chat_template(...,
+    add_generation_prompt=True)``'s exactly (the template decides about bos, as it does for
+    transformers, vLLM and TRL). An exported tokenizer reproduces both (``export`` checks).
+    """
+    set_prompt_rule(tok)
     if chat_template:
         if not getattr(tok, "chat_template", None):
             raise ValueError("chat_template=True but the tokenizer has no chat template")
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-    ids = encode_text(tok, text)
-    bos = tok.bos_token_id
-    if bos is not None and (not ids or ids[0] != bos):
-        ids.insert(0, bos)
-    return ids
+        return [list(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
+                                             add_generation_prompt=True, return_dict=False))
+                for t in texts]
+    if not texts:
+        return []
+    out = [list(ids) for ids in tok(list(texts))["input_ids"]]
+    bos, bos_id = tok.bos_token, tok.bos_token_id
+    if bos is not None:
+        for i, t in enumerate(texts):
+            if t.startswith(bos) and out[i][:2] == [bos_id, bos_id]:
+                del out[i][0]  # the text's own bos plus the tokenizer's: keep one
+    return out
+
+
+def encode_prompt(
+    tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False
+) -> list[int]:
+    """Token ids of one prompt (see :func:`encode_prompts`).
+    For the packaged char-level tokenizer ``decode(encode_prompt(tok, x)[1:]) == x``.
+    """
+    return encode_prompts(tok, [text], chat_template)[0]
+
+
+#: Prompts an export's reloaded tokenizer must encode exactly as training did.
+PROBE_PROMPTS = ("2+6+7+2=", "9-3+5=", "Hello, World!\nWhat is 2*3?", "")
+
+
+def check_saved_tokenizer(
+    tok: PreTrainedTokenizerBase, directory: str | os.PathLike[str], chat_template: bool = False,
+    prompts: Sequence[str] = PROBE_PROMPTS,
+) -> None:
+    """Reloads the tokenizer saved in ``directory`` with ``AutoTokenizer`` (as a user would)
+    and checks it encodes ``prompts`` (and, with ``chat_template``, their chat renderings)
+    exactly as :func:`encode_prompts` does with ``tok``.
+
+    Raises:
+      ValueError: the first prompt whose ids differ, and both id lists.
+    """
+    saved = AutoTokenizer.from_pretrained(os.fspath(directory))
+    modes = (False, True) if chat_template else (False,)
+    for chat in modes:
+        ours = encode_prompts(tok, prompts, chat)
+        for text, want in zip(prompts, ours):
+            msg = [{"role": "user", "content": text}]
+            got = (list(saved.apply_chat_template(msg, tokenize=True, add_generation_prompt=True,
+                                                  return_dict=False))
+                   if chat else list(saved(text)["input_ids"]))
+            if got != want:
+                raise ValueError(f"the tokenizer saved in {directory} encodes {text!r}"
+                                 f"{' (chat)' if chat else ''} as {got}, training as {want}")
 
 
 def _eos_ids(tok: PreTrainedTokenizerBase) -> set[int]:
