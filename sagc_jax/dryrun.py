@@ -18,6 +18,7 @@ missing)``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -512,12 +513,76 @@ def _memory_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]`` (arguments
-    and exit codes live in `sagc_jax.cli`)."""
-    from sagc_jax.cli import dry_run_main
+def run_dry_run(cfg: Config, child_argv: list[str], *, devices: int | None,
+                compile: bool | None, prog: str) -> int:
+    """``sagc-jax train --dry-run``: the report, or the dry-run command re-run on a fake pod.
 
-    return dry_run_main(argv)
+    ``child_argv`` are the arguments :func:`main` gets in that subprocess (``--devices N`` is
+    appended); the report is printed on process 0 only. Exit code 0 ok, 1 errors, 2 bad input.
+    """
+    from sagc_jax.fakepod import run_with_devices
+
+    fake = fake_pod_size(cfg, devices)
+    if fake is not None:
+        print(f"{prog}: dry run on {fake} fake CPU devices", file=sys.stderr)
+        return run_with_devices(fake, "sagc_jax.dryrun", [*child_argv, "--devices", str(fake)])
+    try:
+        report = dry_run(cfg, compile=compile)
+    except DryRunError as e:
+        print(f"{prog}: dry run: {e}", file=sys.stderr)
+        return 2
+    if jax.process_index() == 0:
+        print(format_report(report))
+    return 0 if report["ok"] else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    """Arguments of ``python -m sagc_jax.dryrun``."""
+    p = argparse.ArgumentParser(
+        prog="python -m sagc_jax.dryrun",
+        description="Dry run: validate a config against a mesh and size per-device memory, "
+                    "with no weights.")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--devices", type=int,
+                   help="re-run on N fake CPU devices (a subprocess), so the programs are "
+                   "compiled on the target mesh (default: the config's mesh size when it is "
+                   "fixed and differs from this machine's)")
+    p.add_argument("--num-devices", type=int,
+                   help="size for N devices without having them (estimate only)")
+    p.add_argument("--num-processes", type=int, help="target host count")
+    p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the largest shapes for XLA's memory plan (default: models up "
+                   "to 2B params)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sagc_jax.dryrun --config FILE [--devices N] [key=value ...]``: exit code 0
+    ok, 1 errors in the report, 2 bad config or input."""
+    import json
+
+    from sagc_jax.config import load_config
+    from sagc_jax.fakepod import run_with_devices
+
+    args = _parser().parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        fake = None if args.num_devices is not None else fake_pod_size(cfg, args.devices)
+        if fake is not None:
+            print(f"dry run: re-running on {fake} fake CPU devices", file=sys.stderr)
+            return run_with_devices(fake, "sagc_jax.dryrun",
+                                    list(sys.argv[1:] if argv is None else argv))
+        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
+        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
+                         device_memory_bytes=mem, compile=args.compile)
+    except (ConfigError, DryRunError, ValueError) as e:
+        print(f"dry run: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":
