@@ -36,7 +36,6 @@ from sagc_jax.sagc.events import counterfactual_risk, straggler_events
 # Reason codes stored in the state (strings are not pytree leaves).
 REASONS: tuple[str, ...] = ("init", "warmup", "score", "no_feasible", "toward_feasible", "static")
 _SALT_OBSERVE = 0x5A6C
-_POLICY_NAMES = ("SAGCPolicy", "StaticPolicy", "make_policy")
 
 
 def init_state(cfg: SAGCConfig) -> State:
@@ -369,11 +368,3 @@ def normalize_state(cfg: SAGCConfig, restored: dict[str, Any]) -> State:
         out[k] = arr
     return out
 
-
-def __getattr__(name: str) -> Any:
-    """Lazy re-export of the policy wrappers (policy.py imports this module)."""
-    if name in _POLICY_NAMES:
-        from sagc_jax.sagc import policy
-
-        return getattr(policy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
