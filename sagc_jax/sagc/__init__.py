@@ -1,7 +1,7 @@
 """Straggler-Aware Group Control: the controller (pure state + update functions) and the
 offline simulator. See docs/sagc.md."""
 
-from sagc_jax.sagc.config import SAGCConfig
+from sagc_jax.config.sagc import SAGCConfig
 from sagc_jax.sagc.controller import (
     REASONS,
     State,

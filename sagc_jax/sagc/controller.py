@@ -1,6 +1,6 @@
 """SAGC controller: the pure state, ``observe`` and ``choose`` (DESIGN.md §5).
 
-The config is ``SAGCConfig`` (declared once in ``sagc/config.py``). The controller is tiny and
+The config is ``SAGCConfig`` (declared once in ``config/sagc.py``). The controller is tiny and
 runs on the host in numpy. Its whole state is a flat ``dict`` of numpy arrays with static shapes
 (a pytree that round-trips through Orbax ``StandardSave/Restore``). Every random draw comes from
 ``numpy.random.default_rng((seed, step, salt))``, so decisions are a deterministic function of
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.sagc.config import SAGCConfig as SAGCConfig  # re-export (declared there)
+from sagc_jax.config.sagc import SAGCConfig as SAGCConfig  # re-export (declared there)
 from sagc_jax.sagc.estimators import (
     State,
     benefit_rate,

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from sagc_jax.config.sagc import risk_level
 from sagc_jax.sagc.betaq import beta_quantile, betainc
-from sagc_jax.sagc.config import risk_level
 
 State = dict[str, np.ndarray]
 

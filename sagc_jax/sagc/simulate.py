@@ -28,7 +28,7 @@ import numpy as np
 
 from sagc_jax.config import apply_overrides, read_yaml
 from sagc_jax.config.errors import ConfigError
-from sagc_jax.sagc.config import SAGCConfig
+from sagc_jax.config.sagc import SAGCConfig
 from sagc_jax.sagc.estimators import prompts_for
 from sagc_jax.sagc.events import Observation
 from sagc_jax.sagc.oracle import oracle_from_trajectories, phase_bounds
