@@ -15,6 +15,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from sagc_jax.hosts import Hosts
 from sagc_jax.models.lora import adapter_zeros, disable_adapters
 from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.batch import TrainBatch
@@ -26,7 +27,6 @@ from sagc_jax.rl.train_step import (
     completion_logprobs,
     make_train_step,
 )
-from sagc_jax.train.hosts import Hosts
 from sagc_jax.train.packed import PackedSteps
 from sagc_jax.train.plan import ShapePlan, micro_batches
 from sagc_jax.train.state import TrainState

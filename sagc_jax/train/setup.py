@@ -19,6 +19,7 @@ from sagc_jax.config import Config, ConfigError
 from sagc_jax.data.lengths import check_prompt_lengths
 from sagc_jax.data.pipeline import load_examples, make_prompt_iterator
 from sagc_jax.data.tokenizer import load_run_tokenizer, stop_ids
+from sagc_jax.hosts import Hosts
 from sagc_jax.metrics import RunWriter
 from sagc_jax.models.build import build_model
 from sagc_jax.models.config import ModelConfig
@@ -30,7 +31,6 @@ from sagc_jax.rl.rewards import RewardFn, build_reward_fns
 from sagc_jax.rollout import CollectSettings, PromptStream
 from sagc_jax.sagc import SAGCConfig, make_policy
 from sagc_jax.sampling import Sampler
-from sagc_jax.train.hosts import Hosts
 from sagc_jax.train.learner import CompiledSteps, Learner, loss_settings
 from sagc_jax.train.packed import PackedSteps
 from sagc_jax.train.plan import ShapePlan
