@@ -54,7 +54,6 @@ import numpy as np
 
 from sagc_jax.experiments.budget import (
     CLOCKS,
-    TimeModel,
     cumulative_clock,
     cut_at_budget,
     resolve_budget,
@@ -63,6 +62,7 @@ from sagc_jax.experiments.policies import Policy, run_name
 from sagc_jax.experiments.report import format_results_md
 from sagc_jax.experiments.runs import TIMING_FILE, eval_run, train_run
 from sagc_jax.experiments.summary import COLUMNS, aggregate, auto_target, num, summarize_run
+from sagc_jax.sagc.timing import TimeModel
 
 logger = logging.getLogger("sagc_jax.experiments")
 
