@@ -39,8 +39,7 @@ from sagc_jax.models.build import model_config, with_lora
 from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
-from sagc_jax.sampling.buckets import cache_bucket_for
-from sagc_jax.train.plan import ShapePlan
+from sagc_jax.shapes import ShapePlan
 
 __all__ = ["DryRunError", "dry_run", "format_report", "main", "model_config_for"]
 
@@ -368,19 +367,11 @@ def fake_pod_size(cfg: Config, devices: int | None) -> int | None:
 
 def _plan(cfg: Config, batch_ways: int, num_processes: int) -> tuple[ShapePlan, list[str]]:
     """The run's ShapePlan over the rungs whose prompt count is valid, and the others' errors."""
-    from sagc_jax.sagc import prompts_for
-
-    errors, ok = [], []
-    for g in cfg.sagc.group_sizes:
-        try:
-            prompts_for(cfg.sagc, g, cfg.data.prompts_per_step)
-            ok.append(g)
-        except ValueError as e:
-            errors.append(str(e))
+    ok, errors = ShapePlan.rungs(cfg)
     if not ok:
         raise DryRunError("; ".join(errors) or "no group sizes")
     return ShapePlan.from_config(cfg, batch_ways=batch_ways, num_processes=num_processes,
-                                 group_sizes=tuple(ok)), errors
+                                 group_sizes=ok), errors
 
 
 def _row_shards(plan: ShapePlan, rows: int) -> int:
@@ -389,19 +380,17 @@ def _row_shards(plan: ShapePlan, rows: int) -> int:
 
 def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig, kv_tok: int) -> list[dict[str, Any]]:
     """Every (G, prompt bucket) sampler program with its per-device KV cache and logits bytes."""
+    try:
+        shapes = plan.sampler_shapes()
+    except ValueError as e:
+        raise DryRunError(f"sampling.cache_buckets: {e}") from None
     out = []
-    for g, p in plan.prompts_per_g.items():
-        rows = p * g
-        per_dev = math.ceil(rows / _row_shards(plan, rows))
-        for lp in plan.prompt_buckets:
-            try:
-                cache = cache_bucket_for(lp, plan)
-            except ValueError as e:
-                raise DryRunError(f"sampling.cache_buckets: {e}") from None
-            out.append({"group_size": g, "prompts": p, "rows": rows, "prompt_bucket": lp,
-                        "cache_bucket": cache, "rows_per_device": per_dev,
-                        "kv_cache_bytes": per_dev * cache * kv_tok,
-                        "decode_logits_bytes": per_dev * mcfg.vocab_size * 4})
+    for s in shapes:
+        per_dev = math.ceil(s.rows / _row_shards(plan, s.rows))
+        out.append({"group_size": s.group_size, "prompts": s.prompts, "rows": s.rows,
+                    "prompt_bucket": s.prompt_bucket, "cache_bucket": s.cache_bucket,
+                    "rows_per_device": per_dev, "kv_cache_bytes": per_dev * s.cache_bucket * kv_tok,
+                    "decode_logits_bytes": per_dev * mcfg.vocab_size * 4})
     return out
 
 

@@ -20,7 +20,7 @@ PKG = ROOT / "sagc_jax"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "checksum", "runlock", "fakepod"),
     ("config",),
-    ("parallel", "hosts", "optim", "models", "memory_estimate", "metrics", "plots"),
+    ("parallel", "hosts", "shapes", "optim", "models", "memory_estimate", "metrics", "plots"),
     ("sagc", "data", "sampling", "rl", "checkpoint"),
     ("rollout", "evaluate", "export"),
     ("train", "compiled_memory", "dryrun"),

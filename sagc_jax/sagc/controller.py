@@ -29,7 +29,6 @@ from sagc_jax.sagc.estimators import (
     ring_view,
     truncation_rate,
 )
-from sagc_jax.sagc.estimators import prompts_for as prompts_for  # re-export (trainer, dryrun)
 from sagc_jax.sagc.events import Observation as Observation  # re-export (trainer)
 from sagc_jax.sagc.events import counterfactual_risk, straggler_events
 

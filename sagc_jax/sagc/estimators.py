@@ -17,18 +17,9 @@ import numpy as np
 
 from sagc_jax.config.sagc import risk_level
 from sagc_jax.sagc.betaq import beta_quantile, betainc
+from sagc_jax.shapes import prompts_for
 
 State = dict[str, np.ndarray]
-
-
-def prompts_for(cfg: Any, g: int, prompts_per_step: int) -> int:
-    """Prompts per step at group size ``g``: fixed B ("prompts") or rollouts_per_step // g."""
-    if cfg.batch_policy == "prompts":
-        return int(prompts_per_step)
-    n = cfg.rollouts_per_step
-    if n is None or n % g:
-        raise ValueError(f"sagc.rollouts_per_step: must be divisible by group size {g}, got {n!r}")
-    return n // g
 
 
 def ring_put(ring: np.ndarray, seen: int, values: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The training run: `train(cfg)` (see `train.loop` for the one-way step).
 
-Modules: `state` (TrainState), `plan` (ShapePlan), `learner` (compiled steps, update), `sft`
+Modules: `state` (TrainState), `learner` (compiled steps, update), `sft`
 (warm start), `setup` (build a run), `loop` (the loop); cross-process agreement is
 `sagc_jax.hosts`.
 """

@@ -27,8 +27,8 @@ from sagc_jax.rl.train_step import (
     completion_logprobs,
     make_train_step,
 )
+from sagc_jax.shapes import ShapePlan, micro_batches
 from sagc_jax.train.packed import PackedSteps
-from sagc_jax.train.plan import ShapePlan, micro_batches
 from sagc_jax.train.state import TrainState
 
 
