@@ -14,9 +14,9 @@ import math
 from typing import Any
 
 import numpy as np
+from scipy.special import betainc, betaincinv
 
 from sagc_jax.config.sagc import risk_level
-from sagc_jax.sagc.betaq import beta_quantile, betainc
 from sagc_jax.shapes import prompts_for
 
 State = dict[str, np.ndarray]
@@ -110,10 +110,6 @@ def posterior_risk(cfg: Any, state: State, mean: bool = False) -> np.ndarray:
     q = None if mean else risk_level(cfg.risk)
     if q is None:
         return a / (a + b)
-    try:  # scipy ships with jax; the pure-numpy betaq is the fallback (and the tests' reference)
-        from scipy.special import betaincinv
-    except ImportError:  # pragma: no cover
-        return beta_quantile(q, a, b)
     return np.asarray(betaincinv(a, b, q), np.float64)
 
 
@@ -174,11 +170,7 @@ _PASS_EDGES = np.concatenate([[0.0], (PASS_GRID[1:] + PASS_GRID[:-1]) / 2.0, [1.
 
 
 def _beta_cdf(a: float, b: float, x: np.ndarray) -> np.ndarray:
-    try:  # scipy ships with jax; betaq is the pure-numpy fallback
-        from scipy.special import betainc as scipy_betainc
-    except ImportError:  # pragma: no cover
-        return betainc(a, b, x)
-    return np.asarray(scipy_betainc(a, b, x), np.float64)
+    return np.asarray(betainc(a, b, x), np.float64)
 
 
 @functools.lru_cache(maxsize=8)
