@@ -1,4 +1,5 @@
-"""The import graph of ``sagc_jax/``: no cycles, no import back up a layer, no class defined twice.
+"""The import graph of ``sagc_jax/``: no cycles, no import back up a layer, no class defined twice,
+and modules / classes / functions within the house's sizes (600 / 400 / 120 lines).
 
 Every import counts, also those inside functions (a lazy import that dodges a cycle is still a
 cycle). The layer order is documented in docs/architecture.md ("Layers"); a module may import
@@ -167,6 +168,26 @@ def test_no_class_defined_twice():
     assert [n for n, k in class_definitions().items() if k > 1] == []
 
 
+def oversized(pkg: Path = PKG) -> list[str]:
+    """Modules over 600 lines, classes over 400, functions over 120 (the house rules)."""
+    out = []
+    for f in sorted(pkg.rglob("*.py")):
+        src = f.read_text()
+        rel = f.relative_to(pkg.parent)
+        if len(src.splitlines()) > 600:
+            out.append(f"{rel}: {len(src.splitlines())} lines")
+        for n in ast.walk(ast.parse(src)):
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                limit = 400 if isinstance(n, ast.ClassDef) else 120
+                if n.end_lineno - n.lineno + 1 > limit:
+                    out.append(f"{rel}: {n.name} {n.end_lineno - n.lineno + 1} lines")
+    return out
+
+
+def test_modules_classes_and_functions_stay_small():
+    assert oversized() == []
+
+
 def test_the_checks_catch_what_they_guard(tmp_path):
     """A lazy import inside a function closes a cycle; a relative import resolves."""
     pkg = tmp_path / "sagc_jax"
@@ -215,6 +236,8 @@ if __name__ == "__main__":
         print("import cycle:", " <-> ".join(c))
     for line in upward_imports(g):
         print("up a layer:", line)
+    for line in oversized():
+        print("too long:", line)
     for name, k in sorted(class_definitions().items()):
         if k > 1:
             print(f"class {name} defined {k} times")
