@@ -502,6 +502,22 @@ def _memory_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _on_fake_pod(cfg: Config, devices: int | None, argv: list[str], note: str, *,
+                 pass_devices: bool = False) -> int | None:
+    """The one fake-pod dispatch: re-runs ``python -m sagc_jax.dryrun argv`` (plus
+    ``--devices N`` with `pass_devices`) on the N devices :func:`fake_pod_size` asks for and
+    returns its exit code (``note`` on stderr, ``{n}`` = N); None when the dry run belongs in
+    this process."""
+    from sagc_jax.fakepod import run_with_devices
+
+    fake = fake_pod_size(cfg, devices)
+    if fake is None:
+        return None
+    print(note.format(n=fake), file=sys.stderr)
+    extra = ["--devices", str(fake)] if pass_devices else []
+    return run_with_devices(fake, "sagc_jax.dryrun", [*argv, *extra])
+
+
 def run_dry_run(cfg: Config, child_argv: list[str], *, devices: int | None,
                 compile: bool | None, prog: str) -> int:
     """``sagc-jax train --dry-run``: the report, or the dry-run command re-run on a fake pod.
@@ -509,12 +525,10 @@ def run_dry_run(cfg: Config, child_argv: list[str], *, devices: int | None,
     ``child_argv`` are the arguments :func:`main` gets in that subprocess (``--devices N`` is
     appended); the report is printed on process 0 only. Exit code 0 ok, 1 errors, 2 bad input.
     """
-    from sagc_jax.fakepod import run_with_devices
-
-    fake = fake_pod_size(cfg, devices)
-    if fake is not None:
-        print(f"{prog}: dry run on {fake} fake CPU devices", file=sys.stderr)
-        return run_with_devices(fake, "sagc_jax.dryrun", [*child_argv, "--devices", str(fake)])
+    rc = _on_fake_pod(cfg, devices, child_argv, prog + ": dry run on {n} fake CPU devices",
+                      pass_devices=True)
+    if rc is not None:
+        return rc
     try:
         report = dry_run(cfg, compile=compile)
     except DryRunError as e:
@@ -554,16 +568,15 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from sagc_jax.config import load_config
-    from sagc_jax.fakepod import run_with_devices
 
     args = _parser().parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        fake = None if args.num_devices is not None else fake_pod_size(cfg, args.devices)
-        if fake is not None:
-            print(f"dry run: re-running on {fake} fake CPU devices", file=sys.stderr)
-            return run_with_devices(fake, "sagc_jax.dryrun",
-                                    list(sys.argv[1:] if argv is None else argv))
+        if args.num_devices is None:  # --num-devices: an estimate here, no devices needed
+            own = list(sys.argv[1:] if argv is None else argv)
+            rc = _on_fake_pod(cfg, args.devices, own, "dry run: re-running on {n} fake CPU devices")
+            if rc is not None:
+                return rc
         mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
         report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
                          device_memory_bytes=mem, compile=args.compile)
