@@ -34,20 +34,21 @@ ScaleRewards = Literal["group", "batch", "none"]
 DEFAULT_ADV_EPS = 1e-4  # TRL's constant
 
 #: An advantage estimator (the choices of ``algo.scale_rewards``):
-#: ``fn(centred, std_g, r, scored, eps, ddof) -> f32[R]``, with ``centred = r − mean_g`` per row,
-#: ``std_g`` the row's group std, ``r`` the rewards (0 where not ``scored``). Rows not scored and
-#: zero-std groups are zeroed by the caller.
-AdvantageFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, float, int], jax.Array]
+#: ``fn(centred, std, ids, r, scored, eps, ddof) -> f32[R]``, with ``centred = r − mean_g`` per
+#: row, ``std`` the groups' stds ``[num_groups]`` and ``ids`` the rows' groups, ``r`` the rewards
+#: (0 where not ``scored``). Rows not scored and zero-std groups are zeroed by the caller.
+AdvantageFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, float, int],
+                       jax.Array]
 
 
-def _scale_by_group(centred: jax.Array, std_g: jax.Array, r: jax.Array, scored: jax.Array,
-                    eps: float, ddof: int) -> jax.Array:
+def _scale_by_group(centred: jax.Array, std: jax.Array, ids: jax.Array, r: jax.Array,
+                    scored: jax.Array, eps: float, ddof: int) -> jax.Array:
     """GRPO: (r − mean_g) / (std_g + eps)."""
-    return centred / (std_g + eps)
+    return centred / (std[ids] + eps)
 
 
-def _scale_by_batch(centred: jax.Array, std_g: jax.Array, r: jax.Array, scored: jax.Array,
-                    eps: float, ddof: int) -> jax.Array:
+def _scale_by_batch(centred: jax.Array, std: jax.Array, ids: jax.Array, r: jax.Array,
+                    scored: jax.Array, eps: float, ddof: int) -> jax.Array:
     """PPO Lite: (r − mean_g) / (std over the whole batch + eps)."""
     n = scored.sum().astype(jnp.float32)
     batch_mean = r.sum() / jnp.maximum(n, 1.0)
@@ -55,8 +56,8 @@ def _scale_by_batch(centred: jax.Array, std_g: jax.Array, r: jax.Array, scored: 
     return centred / (jnp.sqrt((dev * dev).sum() / jnp.maximum(n - ddof, 1.0)) + eps)
 
 
-def _no_scale(centred: jax.Array, std_g: jax.Array, r: jax.Array, scored: jax.Array,
-              eps: float, ddof: int) -> jax.Array:
+def _no_scale(centred: jax.Array, std: jax.Array, ids: jax.Array, r: jax.Array,
+              scored: jax.Array, eps: float, ddof: int) -> jax.Array:
     """Dr. GRPO: r − mean_g."""
     return centred
 
@@ -128,7 +129,7 @@ def group_advantages(
     scored = scored_rows(rewards, valid)
     ids, r, _, mean, std = _group_stats(jnp.asarray(rewards), jnp.asarray(group_ids), scored,
                                         num_groups, ddof)
-    adv = ADVANTAGE_ESTIMATORS[scale](r - mean[ids], std[ids], r, scored, eps, ddof)
+    adv = ADVANTAGE_ESTIMATORS[scale](r - mean[ids], std, ids, r, scored, eps, ddof)
     flat = _zero_std(std, mean)[ids]
     return jnp.where(scored & ~flat, adv, 0.0)
 
