@@ -102,7 +102,7 @@ def tiny_run_cfg():
 
 def test_compiled_memory_of_the_real_programs(tiny_run_cfg):
     from sagc_jax.compiled_memory import compiled_memory
-    from sagc_jax.train.plan import ShapePlan
+    from sagc_jax.shapes import ShapePlan
 
     mcfg = dataclasses.replace(_tiny(), remat=True)
     out = {}

@@ -1,9 +1,9 @@
 """The config schema: every section declared once, with defaults, docs and rules.
 
-The ``sagc:`` section is :class:`sagc_jax.sagc.config.SAGCConfig` (declared next to the
-controller it configures). Rules that involve one section live on it (``model_validator``);
-:class:`Config` holds only the rules that span sections. See :mod:`sagc_jax.config.load` for YAML
-and ``key=value`` overrides.
+The ``sagc:`` section is :class:`~sagc_jax.config.sagc.SAGCConfig` (its own module, read by
+the controller and the simulator). Rules that involve one section live on it
+(``model_validator``); :class:`Config` holds only the rules that span sections. See
+:mod:`sagc_jax.config.load` for YAML and ``key=value`` overrides.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from sagc_jax.config.base import Bool, Float, Int, Section, Str, field, rule_error
 from sagc_jax.config.errors import ConfigError, fmt
-from sagc_jax.sagc.config import SAGCConfig
+from sagc_jax.config.sagc import SAGCConfig
 
 __all__ = [
     "AlgoConfig",

@@ -44,6 +44,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from sagc_jax.config.errors import ConfigError, unknown_key
+from sagc_jax.data.task import Task
 
 __all__ = [
     "HELDOUT_BUCKETS",
@@ -55,6 +56,7 @@ __all__ = [
     "heldout_examples",
     "parse_options",
     "question_split",
+    "reasoning_gym_task",
 ]
 
 #: Config key every option error names.
@@ -309,3 +311,15 @@ class ReasoningGymSource(Sequence[dict[str, Any]]):
     def __repr__(self) -> str:
         return (f"ReasoningGymSource(n={self._n}, seed={self._seed}, "
                 f"{self._options.description()})")
+
+
+def reasoning_gym_task(**options: Any) -> Task:
+    """The ``reasoning_gym`` built-in task for ``data.task_options`` (validated here)."""
+    opts = parse_options(options)
+    return Task(
+        name="reasoning_gym",
+        default_reward="reasoning_gym",
+        description=opts.description(),
+        make_train=lambda seed, n: ReasoningGymSource(n, seed, opts),
+        make_eval=lambda n: heldout_examples(opts, n),
+    )
