@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parallel", "hosts", "shapes", "optim", "models", "memory_estimate", "metrics", "plots"),
     ("sagc", "data", "sampling", "rl", "checkpoint"),
     ("rollout", "evaluate", "export"),
-    ("train", "compiled_memory", "dryrun"),
+    ("train", "compiled_memory", "dryrun_report", "dryrun"),
     ("experiments",),
     ("cli",),
 )
