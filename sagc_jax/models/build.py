@@ -9,7 +9,7 @@ from typing import Any
 
 from flax import nnx
 
-from sagc_jax.models.config import ModelConfig, from_hf_dict, from_run_section
+from sagc_jax.models.config import ModelConfig, ModelConfigError, from_hf_dict, from_run_section
 from sagc_jax.models.hf import from_pretrained
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.lora import add_lora
@@ -44,12 +44,17 @@ def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> Mod
     """The architecture `build_model` builds for `cfg`, without weights: `model.path`'s
     `config.json` (with `model.remat`, `model.param_dtype`, `model.lora`), or the `model.*`
     fields (with `model.lora`) and
-    `vocab_size` (special ids from `tokenizer` when given). OSError / ValueError when
-    config.json cannot be read."""
+    `vocab_size` (special ids from `tokenizer` when given). OSError when config.json cannot
+    be read, ModelConfigError (naming the file and the field) when it is not a valid config."""
     m = cfg.model
     if m.path is not None:
-        with open(os.path.join(m.path, "config.json"), encoding="utf-8") as fh:
-            mcfg = from_hf_dict(json.load(fh), dtype=m.dtype, param_dtype=m.param_dtype)
+        cfg_file = os.path.join(m.path, "config.json")
+        with open(cfg_file, encoding="utf-8") as fh:
+            try:
+                mcfg = from_hf_dict(json.load(fh), dtype=m.dtype, param_dtype=m.param_dtype)
+            except ValueError as e:  # bad JSON, a mistyped or unsupported field
+                raise ModelConfigError(f"model.path: {cfg_file}: {' '.join(str(e).split())}"
+                                       ) from None
         return with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
     if vocab_size is None:
         raise ValueError("model.tokenizer: needed for the vocabulary size of a fresh model")
