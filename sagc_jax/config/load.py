@@ -77,6 +77,14 @@ def yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
 
 
+def _why(e: BaseException) -> str:
+    """A parse error in one line (PyYAML's span several; a too-deep document has no text)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A YAML file's top-level mapping (empty file = ``{}``); one-line ConfigError otherwise."""
     name = os.fspath(path)
@@ -85,14 +93,16 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
             text = fh.read()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {name!r}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{name}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {name!r}: {e.strerror}") from None
     try:
         data = yaml_load(text)
     except DuplicateKeyError as e:
         raise ConfigError(f"{name}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{name}: invalid YAML ({' '.join(str(e).split())})") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: a 5000-digit int
+        raise ConfigError(f"{name}: invalid YAML ({_why(e)})") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -181,10 +191,9 @@ def apply_overrides(d: Mapping[str, Any], overrides: list[str]) -> dict[str, Any
         key = key.strip()
         try:
             value = yaml_load(raw)
-        except yaml.YAMLError as e:
-            raise ConfigError(
-                f"{key}: cannot parse value {raw!r} as YAML ({' '.join(str(e).split())})"
-            ) from None
+        except (yaml.YAMLError, ValueError, RecursionError) as e:
+            shown = raw if len(raw) <= 80 else f"{raw[:60]}... ({len(raw)} chars)"
+            raise ConfigError(f"{key}: cannot parse value {shown!r} as YAML ({_why(e)})") from None
         _set(root, key, _parse_path(key), value)
     return root
 

@@ -22,6 +22,15 @@ class DataError(ValueError):
     """A dataset file is unreadable, empty or has a malformed row."""
 
 
+def _check_text(text: str, where: str, what: str) -> None:
+    """A JSON ``"\\ud800"`` escape decodes to a lone surrogate, which no tokenizer encodes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{where}: {what} is not valid Unicode (lone surrogate "
+                        f"U+{ord(text[exc.start]):04X} at character {exc.start})") from None
+
+
 def normalize_row(
     row: Any,
     *,
@@ -50,6 +59,7 @@ def normalize_row(
             f"{where}: prompt column {prompt_column!r} must be a string, "
             f"got {type(prompt).__name__}"
         )
+    _check_text(prompt, where, f"prompt column {prompt_column!r}")
     out = {k: v for k, v in row.items() if k not in (prompt_column, answer_column)}
     out["prompt"] = prompt
     if answer_column is not None:
@@ -63,6 +73,8 @@ def normalize_row(
                 f"{where}: answer column {answer_column!r} must be a string or number, "
                 f"got {type(answer).__name__}"
             )
+        if isinstance(answer, str):
+            _check_text(answer, where, f"answer column {answer_column!r}")
         out["answer"] = answer if isinstance(answer, str) else str(answer)
     return out
 
