@@ -400,7 +400,14 @@ class RunCheckpointer:
         path = self.directory / "model.json"
         if not path.exists():
             return
-        saved = json.loads(path.read_text())
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(saved, dict):
+                raise ValueError(f"expected a JSON object, got {type(saved).__name__}")
+        except (OSError, ValueError) as e:
+            raise CheckpointCorruptError(
+                f"{path} is unreadable ({error_line(e)}): it records the model the checkpoints "
+                "were written for; restore it or delete it to skip this check") from None
         now = _model_signature(model_cfg)
         diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         if diff:

@@ -31,6 +31,7 @@ def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
     beside the base weights."""
     m = cfg.model
     if m.path is not None:
+        model_config(cfg, vocab_size)  # config.json first: its errors name the file and field
         model, mcfg = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh)
         model.cfg = with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
         if m.lora is not None:
