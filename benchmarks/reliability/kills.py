@@ -50,18 +50,46 @@ def command(run_dir: Path, steps: int = STEPS) -> list[str]:
             f"run.steps={steps}"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
+# Imported first by every child (PYTHONPATH): any TCP/UDP connect is refused and reported, so
+# each run also shows that training reaches for no network.
+NO_NETWORK = """
+import socket, sys
+def _refuse(self, address, *a):
+    if self.family in (socket.AF_INET, socket.AF_INET6):
+        sys.stderr.write(f"NETWORK ACCESS {address}\\n")
+        raise OSError("network access blocked by the reliability harness")
+    return _connect(self, address, *a)
+_connect = socket.socket.connect
+socket.socket.connect = _refuse
+socket.socket.connect_ex = _refuse
+"""
+
+
+def child_env(work: Path, extra_path: str = "") -> dict[str, str]:
+    """Environment of the harness's training runs: one CPU device, the HF hub left to the CLI
+    (which turns it offline), sockets refused (`NO_NETWORK`), and a persistent compilation
+    cache shared by all runs (identical executables, so identical numbers, compiled once)."""
+    site = work / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(NO_NETWORK)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONUNBUFFERED="1",
-               HF_HUB_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+               JAX_COMPILATION_CACHE_DIR=str(work / "jax_cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(ROOT), extra_path,
+                                                     env.get("PYTHONPATH", "")) if p)
     return env
 
 
-def _start(run_dir: Path, log: Path) -> subprocess.Popen:
+def _start(run_dir: Path, log: Path, extra: tuple[str, ...] = (), pythonpath: str = "",
+           root: Path | None = None) -> subprocess.Popen:
     fh = open(log, "ab")  # noqa: SIM115 - the child writes to it; closed with the process
-    return subprocess.Popen(command(run_dir), env=_env(), stdout=fh, stderr=subprocess.STDOUT,
-                            cwd=ROOT, start_new_session=True)
+    env = child_env(root or run_dir.parent, pythonpath)
+    return subprocess.Popen([*command(run_dir), *extra], env=env,
+                            stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                            start_new_session=True)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -70,9 +98,11 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_to_end(run_dir: Path, log: Path, timeout: float = 1200) -> int:
-    """Runs the command once to completion; returns its exit code."""
-    proc = _start(run_dir, log)
+def run_to_end(run_dir: Path, log: Path, timeout: float = 1200, extra: tuple[str, ...] = (),
+               pythonpath: str = "", root: Path | None = None) -> int:
+    """Runs the command (plus `extra` overrides; `pythonpath` prepended; `root`: where the
+    compilation cache lives, default the run dir's parent) to completion; its exit code."""
+    proc = _start(run_dir, log, extra, pythonpath, root)
     try:
         return proc.wait(timeout=timeout)
     finally:
@@ -201,6 +231,8 @@ class KillResult:
 
     tried: int = 0
     kills: int = 0
+    tracebacks: int = 0
+    network: int = 0
     phases: Counter = field(default_factory=Counter)
     outcomes: Counter = field(default_factory=Counter)
     failures: list[tuple[int, str, list[str]]] = field(default_factory=list)
@@ -237,24 +269,36 @@ def kill_case(i: int, kind: str, work: Path, ref_dir: Path, ref_s: float,
         again = _kill_at_time(run_dir, log, rng.uniform(0, ref_s))
         res.kills += again != "finished"
         res.phases[f"resume: {again}"] += 1
-    codes = [run_to_end(run_dir, log) for _ in range(1)]
+    code = run_to_end(run_dir, log)
     res.tried += 1
-    if codes[-1] != 0:
-        res.failures.append((i, phase, [f"resume exited {codes[-1]} (log {log})"]))
+    text = log.read_text(errors="replace")
+    res.tracebacks += text.count("Traceback (most recent call last)")
+    res.network += text.count("NETWORK ACCESS")
+    if code != 0:
+        res.failures.append((i, phase, [f"resume exited {code} (log {log})"]))
         res.outcomes["failure"] += 1
         return
     problems = outcome(run_dir, ref_dir)
+    if "Traceback (most recent call last)" in text or "NETWORK ACCESS" in text:
+        problems.append(f"a traceback or a network access in {log}")
+    # Only the step damaged on purpose may be fallen back past (once): any other fallback
+    # would be a valid checkpoint moved aside.
+    fallbacks = text.count("falling back to the previous one")
+    if fallbacks > (1 if kind == "quarantine" else 0):
+        problems.append(f"{fallbacks} checkpoint fallback(s) in {log}")
     if problems:
         res.failures.append((i, phase, problems))
     res.outcomes["failure" if problems else "identical"] += 1
     if not problems:
         shutil.rmtree(run_dir, ignore_errors=True)
+        log.unlink()
 
 
 def run_kills(n: int, seed: int = 0, work: Path | None = None,
               kinds: tuple[str, ...] = ("time", "time", "save", "quarantine"),
               report: Any = None) -> KillResult:
-    """`n` kill cases (kinds cycled) against one uninterrupted reference run."""
+    """Cases (kinds cycled) until `n` kills were made (at most 2n cases), against one
+    uninterrupted reference run."""
     import tempfile
 
     rng = random.Random(seed)
@@ -266,15 +310,24 @@ def run_kills(n: int, seed: int = 0, work: Path | None = None,
     try:
         ref = work / "reference"
         shutil.rmtree(ref, ignore_errors=True)
-        t0 = time.time()
         code = run_to_end(ref, work / "reference.log")
         if code != 0:
             raise RuntimeError(f"reference run exited {code}; see {work / 'reference.log'}")
+        # A second, uninterrupted run with the compilation cache warm: the clock of the kill
+        # moments (what every resume costs), and a check that two plain runs agree.
+        t0 = time.time()
+        again = work / "reference_again"
+        shutil.rmtree(again, ignore_errors=True)
+        code = run_to_end(again, work / "reference_again.log")
         res.ref_seconds = time.time() - t0
-        for i in range(n):
+        if code != 0 or outcome(again, ref):
+            raise RuntimeError(f"two uninterrupted runs differ: {outcome(again, ref)}")
+        i = 0
+        while res.kills < n and i < 2 * n:
             kill_case(i, kinds[i % len(kinds)], work, ref, res.ref_seconds, rng, res)
             if report is not None:
                 report(i, res)
+            i += 1
     finally:
         if tmp is not None:
             tmp.cleanup()
