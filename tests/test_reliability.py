@@ -325,3 +325,39 @@ def test_cli_reaches_for_no_network_and_names_a_missing_tokenizer(tmp_path):
     assert missing in lines[0] and "does not exist" in lines[0]
     assert "no-such-org-model" in lines[1] and "local Hugging Face cache" in lines[1]
     assert "Repo id" not in r.stderr
+
+
+# ------------------------------------------------------------------------------ dry run
+
+
+def test_dry_run_device_memory_check_catches_only_what_is_expected(monkeypatch, capsys):
+    import jax
+
+    from sagc_jax import dryrun
+
+    class Dev:
+        def __init__(self, stats=None, exc=None):
+            self.stats, self.exc = stats, exc
+
+        def memory_stats(self):
+            if self.exc is not None:
+                raise self.exc
+            return self.stats
+
+    def use(dev):
+        monkeypatch.setattr(jax, "devices", lambda *a: [dev])
+
+    use(Dev({"bytes_limit": 80 * 2**30}))
+    assert dryrun._local_device_memory() == 80 * 2**30
+    use(Dev(None))  # CPU
+    assert dryrun._local_device_memory() is None
+    use(Dev(exc=NotImplementedError()))
+    assert dryrun._local_device_memory() is None
+    assert capsys.readouterr().err == ""
+    use(Dev(exc=jax.errors.JaxRuntimeError("INTERNAL: driver\nfailure")))
+    assert dryrun._local_device_memory() is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read device memory: INTERNAL: driver failure" in err
+    use(Dev(exc=TypeError("a bug")))  # not expected: surfaces
+    with pytest.raises(TypeError, match="a bug"):
+        dryrun._local_device_memory()
