@@ -20,14 +20,18 @@ moved. A checkpoint of a different model shape is an error naming the mismatch, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import gc
 import json
 import logging
 import os
 import re
 import shutil
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +115,27 @@ def integrity_failure(e: BaseException) -> bool:
             return False  # a Tensorstore status that is not about the bytes
     return any(isinstance(x, (CheckpointCorruptError, *_MISSING, ValueError, KeyError, EOFError))
                for x in chain)
+
+
+@contextlib.contextmanager
+def _quiet_orbax_unraisable() -> Iterator[None]:
+    """While restoring: Orbax's read coroutines that fail on damaged bytes are dropped
+    unawaited, and Python prints each as "Exception ignored in: <coroutine ...>" with a
+    traceback and a page of TensorStore spec — for an error this module reports in one line
+    anyway. Those records (and only those) are dropped; the hook is put back on exit."""
+    default = sys.unraisablehook
+
+    def hook(args: Any) -> None:
+        name = getattr(getattr(args.object, "cr_code", None), "co_filename", "")
+        if "orbax" not in name:
+            default(args)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        gc.collect()  # the dropped coroutines are reported when collected: do it here
+        sys.unraisablehook = default
 
 
 def _unreadable(where: str, e: Exception) -> Exception:
@@ -214,7 +239,7 @@ def restore_pure_params(path: str | Path, target: Any, step: int | None = None) 
     path = Path(path).absolute()
     if step is None:
         try:
-            with ocp.StandardCheckpointer() as c:
+            with _quiet_orbax_unraisable(), ocp.StandardCheckpointer() as c:
                 pure = c.restore(path, target)
         except Exception as e:  # Orbax raises bare Exception for a chunk it cannot decode
             # Damage that breaks decoding (a flipped byte in a zstd chunk, a truncated file)
@@ -235,8 +260,9 @@ def restore_pure_params(path: str | Path, target: Any, step: int | None = None) 
         return pure
     mngr = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False))
     try:
-        got = mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        with _quiet_orbax_unraisable():
+            got = mngr.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     except FileNotFoundError:
         raise
     except Exception as e:  # as above: undecodable bytes fail before the checksums can
@@ -430,7 +456,8 @@ class RunCheckpointer:
         bad: list[tuple[int, str]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                state = self._restore(step, template)
+                with _quiet_orbax_unraisable():
+                    state = self._restore(step, template)
             except CheckpointCorruptError as e:
                 bad.append((step, error_line(e)))
                 warn(f"checkpoint step {step} in {self.directory} is unreadable or corrupt "

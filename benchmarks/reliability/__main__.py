@@ -7,6 +7,7 @@ for (tracebacks, silent corruptions, lost or duplicated steps); exits 1 if any c
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None if args.work else tempfile.TemporaryDirectory()
     work = Path(args.work or tmp.name)
     work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("RELIABILITY_JAX_CACHE", str(work / "jax_cache"))  # for the children
     totals = {"failures": 0, "tracebacks": 0, "silent": 0, "lost_or_dup": 0}
     print(f"reliability harness, seed {args.seed}, parts {', '.join(parts)}", flush=True)
     if "config" in parts:

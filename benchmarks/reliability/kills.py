@@ -68,14 +68,16 @@ socket.socket.connect_ex = _refuse
 def child_env(work: Path, extra_path: str = "") -> dict[str, str]:
     """Environment of the harness's training runs: one CPU device, the HF hub left to the CLI
     (which turns it offline), sockets refused (`NO_NETWORK`), and a persistent compilation
-    cache shared by all runs (identical executables, so identical numbers, compiled once)."""
+    cache shared by all runs (identical executables, so identical numbers, compiled once):
+    `$RELIABILITY_JAX_CACHE`, else `work/jax_cache`."""
     site = work / "site"
     site.mkdir(parents=True, exist_ok=True)
     (site / "sitecustomize.py").write_text(NO_NETWORK)
     env = {k: v for k, v in os.environ.items()
            if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONUNBUFFERED="1",
-               JAX_COMPILATION_CACHE_DIR=str(work / "jax_cache"),
+               JAX_COMPILATION_CACHE_DIR=os.environ.get("RELIABILITY_JAX_CACHE",
+                                                        str(work / "jax_cache")),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(ROOT), extra_path,
@@ -308,6 +310,7 @@ def run_kills(n: int, seed: int = 0, work: Path | None = None,
         tmp = tempfile.TemporaryDirectory()
         work = Path(tmp.name)
     try:
+        work.mkdir(parents=True, exist_ok=True)
         ref = work / "reference"
         shutil.rmtree(ref, ignore_errors=True)
         code = run_to_end(ref, work / "reference.log")
