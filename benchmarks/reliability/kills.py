@@ -255,7 +255,7 @@ def _kill_once(kind: str, run_dir: Path, log: Path, ref_s: float, rng: random.Ra
         _damage_newest(run_dir)
         return "quarantine: " + _kill_after_quarantine(
             run_dir, log, None if rng.random() < 0.5 else rng.uniform(0, 0.5 * ref_s))
-    return _kill_at_time(run_dir, log, rng.uniform(0, ref_s))
+    return _kill_at_time(run_dir, log, rng.uniform(0, 0.9 * ref_s))
 
 
 def kill_case(i: int, kind: str, work: Path, ref_dir: Path, ref_s: float,
