@@ -96,7 +96,9 @@ def _chain(e: BaseException) -> list[BaseException]:
 def integrity_failure(e: BaseException) -> bool:
     """True when `e` (or what caused it) says a checkpoint's files are damaged: a fingerprint
     mismatch, a missing file, bytes that do not decode (JSON, UTF-8, zstd, a Tensorstore
-    DATA_LOSS / NOT_FOUND / OUT_OF_RANGE / INVALID_ARGUMENT / FAILED_PRECONDITION). False for
+    DATA_LOSS / NOT_FOUND / OUT_OF_RANGE / INVALID_ARGUMENT / FAILED_PRECONDITION, a
+    TypeError / AttributeError / IndexError raised inside Orbax while it parses a damaged
+    metadata file). False for
     everything that says nothing about the files: MemoryError, an OSError other than a missing
     file (EIO, ENOSPC, EINTR, EACCES...), a Tensorstore OS error or another status code, and
     anything not an Exception (KeyboardInterrupt) — those are raised, never a fallback."""
@@ -114,7 +116,19 @@ def integrity_failure(e: BaseException) -> bool:
                 _TS_DAMAGED):
             return False  # a Tensorstore status that is not about the bytes
     return any(isinstance(x, (CheckpointCorruptError, *_MISSING, ValueError, KeyError, EOFError))
+               or (isinstance(x, (TypeError, AttributeError, IndexError)) and _from_orbax(x))
                for x in chain)
+
+
+def _from_orbax(e: BaseException) -> bool:
+    """Raised by Orbax's own code (the innermost frame): how it fails on a metadata file that
+    is valid JSON of the wrong shape (`'dict' object has no attribute 'param_name'`)."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 @contextlib.contextmanager

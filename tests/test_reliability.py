@@ -201,6 +201,13 @@ def test_transient_restore_errors_are_raised_with_nothing_moved(saved, tmp_path,
     assert sorted(p.name for p in d.iterdir() if p.name[0].isdigit()) == ["1", "2"]
 
 
+def _raised(e: BaseException) -> BaseException:
+    try:
+        raise e
+    except BaseException as caught:  # with a traceback whose frames are this file's
+        return caught
+
+
 def test_integrity_failures_are_told_from_transient_ones():
     def chained(outer: Exception, inner: BaseException) -> Exception:
         outer.__cause__ = inner
@@ -215,7 +222,8 @@ def test_integrity_failures_are_told_from_transient_ones():
                  ValueError("UNAVAILABLE: try again"),
                  ValueError("NOT_FOUND: Error reading local file [OS error 5: I/O error]"),
                  chained(Exception("Encountered error while reading array index"),
-                         OSError(errno.ENOSPC, "full")), RuntimeError("something else")]
+                         OSError(errno.ENOSPC, "full")), RuntimeError("something else"),
+                 _raised(AttributeError("a bug of ours, not Orbax's"))]
     assert all(ckpt.integrity_failure(e) for e in damaged), damaged
     assert not any(ckpt.integrity_failure(e) for e in transient)
 
@@ -235,6 +243,21 @@ def test_undecodable_chunks_fall_back_without_library_tracebacks(saved, tmp_path
     ck.close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+
+
+def test_metadata_of_the_wrong_shape_is_damage_not_a_crash(saved, tmp_path):
+    """Found by the fuzzer: a flipped bit in a key of `array_metadatas/process_0` leaves valid
+    JSON that Orbax fails on with AttributeError ('dict' object has no attribute
+    'param_name'): that is damaged bytes (fall back), not an error of this run."""
+    import shutil
+
+    d = tmp_path / "checkpoints"
+    shutil.copytree(saved.dir, d)
+    f = d / "2" / "params" / "array_metadatas" / "process_0"
+    f.write_text(f.read_text().replace('"array_metadata"', '"array_metadbta"', 1))
+    ck = ckpt.RunCheckpointer(d, every=1, keep=5, async_save=False)
+    assert ck.restore_latest(saved.template(), saved.mcfg).step == 1
+    assert any(p.name.startswith("2.corrupt-") for p in d.iterdir())
 
 
 def test_unreadable_model_json_is_one_line(saved, tmp_path):
