@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-cases", type=int, default=10_000)
     p.add_argument("--data-cases", type=int, default=1_200)
     p.add_argument("--ckpt-cases", type=int, default=200)
-    p.add_argument("--kills", type=int, default=20, help="kill -9 moments (at least)")
+    p.add_argument("--kills", type=int, default=24, help="kill -9 moments (at least)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", action="append", choices=PARTS, help="run only these parts")
     p.add_argument("--work", help="directory for the runs (default: a temporary one); the "

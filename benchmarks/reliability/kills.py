@@ -6,6 +6,7 @@ drawn from one of these kinds, then reruns the command until it exits 0 (sometim
 resume too):
   time        uniformly at random in [0, the reference run's duration]: start-up, the SFT warm
               start, compiling, steps and saves, in proportion to how long each takes;
+  step        0-0.6 s after the n-th metrics row appeared (mid-step, or its save);
   save        the moment an Orbax temporary step directory appears (mid-save);
   quarantine  the newest checkpoint of a finished-up-to-k run is damaged, the resume (which
               falls back and moves it aside) is killed early, and resumed again.
@@ -120,7 +121,7 @@ def _phase(run_dir: Path) -> str:
         return "start-up/SFT"
     metrics = run_dir / "metrics.jsonl"
     n = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-    return "compile" if n == 0 else "steps"
+    return "compile" if n == 0 else "mid-step"
 
 
 def _kill_at_time(run_dir: Path, log: Path, delay: float) -> str:
@@ -145,6 +146,28 @@ def _kill_on_save(run_dir: Path, log: Path, nth: int, timeout: float = 1200) -> 
             if len(seen) >= nth and tmp:
                 os.killpg(proc.pid, signal.SIGKILL)
                 return "mid-save"
+            time.sleep(0.005)
+        return "finished"
+    finally:
+        _kill(proc)
+
+
+def _kill_in_step(run_dir: Path, log: Path, nth: int, delay: float,
+                  timeout: float = 1200) -> str:
+    """Kills the run `delay` seconds after its `nth` metrics row appeared (inside step nth+1,
+    or its save)."""
+    proc = _start(run_dir, log)
+    metrics, deadline = run_dir / "metrics.jsonl", time.time() + timeout
+    try:
+        while proc.poll() is None and time.time() < deadline:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= nth:
+                try:
+                    proc.wait(timeout=delay)
+                    return "finished"
+                except subprocess.TimeoutExpired:
+                    phase = _phase(run_dir)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    return phase
             time.sleep(0.005)
         return "finished"
     finally:
@@ -244,6 +267,9 @@ class KillResult:
 def _kill_once(kind: str, run_dir: Path, log: Path, ref_s: float, rng: random.Random) -> str:
     if kind == "save":
         return _kill_on_save(run_dir, log, nth=rng.randrange(1, STEPS + 1))
+    if kind == "step":
+        return _kill_in_step(run_dir, log, nth=rng.randrange(1, STEPS),
+                             delay=rng.uniform(0, 0.6))
     if kind == "quarantine":
         # A run killed somewhere in its steps, its newest checkpoint then damaged.
         while True:
@@ -297,7 +323,7 @@ def kill_case(i: int, kind: str, work: Path, ref_dir: Path, ref_s: float,
 
 
 def run_kills(n: int, seed: int = 0, work: Path | None = None,
-              kinds: tuple[str, ...] = ("time", "time", "save", "quarantine"),
+              kinds: tuple[str, ...] = ("time", "step", "save", "quarantine"),
               report: Any = None) -> KillResult:
     """Cases (kinds cycled) until `n` kills were made (at most 2n cases), against one
     uninterrupted reference run."""
