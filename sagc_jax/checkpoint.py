@@ -10,20 +10,28 @@ PRNG keys are derived from (run.seed, step), so the step *is* the RNG state.
 Integrity: every save stores a fingerprint of each saved array (`checksum.py`) in the step's
 `meta` item (and `initial.checksums.json` beside `initial/`); restore recomputes and compares
 them, so flipped bits are an error rather than silently wrong weights. A step that fails to
-restore (unreadable or a fingerprint mismatch) is reported, the previous step is used, and once an
-older step has restored the bad one is renamed `<step>.corrupt-<UTC time>`: the fallback does not
-repeat on every rerun and the step number can be saved again. A checkpoint of a different model
-shape is an error naming the mismatch, never a fallback.
+restore because its files are damaged (`integrity_failure`: a fingerprint mismatch, bytes that do
+not decode, a missing file) is reported, the previous step is used, and once an older step has
+restored the bad one is renamed `<step>.corrupt-<UTC time>`: the fallback does not repeat on every
+rerun and the step number can be saved again. Any other failure while reading (out of memory, an
+I/O error, a full disk, Ctrl-C) says nothing about the files: it is raised as it is and nothing is
+moved. A checkpoint of a different model shape is an error naming the mismatch, never a fallback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import gc
 import json
 import logging
 import os
+import re
 import shutil
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +77,89 @@ def tree_bytes(tree: Any) -> int:
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
+_MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+# Tensorstore status codes (the start of its ValueError texts) that mean the stored bytes are
+# missing or do not decode; any other code (RESOURCE_EXHAUSTED, UNAVAILABLE, CANCELLED, ...) is
+# a failure of this read, not of the files.
+_TS_DAMAGED = ("DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE", "INVALID_ARGUMENT", "FAILED_PRECONDITION")
+_TS_OS_ERROR = re.compile(r"os_error_code[=:'\s]+(\d+)|\[OS error (\d+)")
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    while e is not None and len(out) < 16 and e not in out:
+        out.append(e)
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return out
+
+
+def integrity_failure(e: BaseException) -> bool:
+    """True when `e` (or what caused it) says a checkpoint's files are damaged: a fingerprint
+    mismatch, a missing file, bytes that do not decode (JSON, UTF-8, zstd, a Tensorstore
+    DATA_LOSS / NOT_FOUND / OUT_OF_RANGE / INVALID_ARGUMENT / FAILED_PRECONDITION, a
+    TypeError / AttributeError / IndexError raised inside Orbax while it parses a damaged
+    metadata file). False for
+    everything that says nothing about the files: MemoryError, an OSError other than a missing
+    file (EIO, ENOSPC, EINTR, EACCES...), a Tensorstore OS error or another status code, and
+    anything not an Exception (KeyboardInterrupt) — those are raised, never a fallback."""
+    chain = _chain(e)
+    for x in chain:
+        if not isinstance(x, Exception) or isinstance(x, MemoryError):
+            return False
+        if isinstance(x, OSError) and not isinstance(x, _MISSING):
+            return False
+        text = str(x)
+        m = _TS_OS_ERROR.search(text)
+        if m and int(m.group(1) or m.group(2)) != errno.ENOENT:
+            return False
+        if isinstance(x, ValueError) and re.match(r"[A-Z_]{4,}: ", text) and not text.startswith(
+                _TS_DAMAGED):
+            return False  # a Tensorstore status that is not about the bytes
+    return any(isinstance(x, (CheckpointCorruptError, *_MISSING, ValueError, KeyError, EOFError))
+               or (isinstance(x, (TypeError, AttributeError, IndexError)) and _from_orbax(x))
+               for x in chain)
+
+
+def _from_orbax(e: BaseException) -> bool:
+    """Raised by Orbax's own code (the innermost frame): how it fails on a metadata file that
+    is valid JSON of the wrong shape (`'dict' object has no attribute 'param_name'`)."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
+@contextlib.contextmanager
+def _quiet_orbax_unraisable() -> Iterator[None]:
+    """While restoring: Orbax's read coroutines that fail on damaged bytes are dropped
+    unawaited, and Python prints each as "Exception ignored in: <coroutine ...>" with a
+    traceback and a page of TensorStore spec — for an error this module reports in one line
+    anyway. Those records (and only those) are dropped; the hook is put back on exit."""
+    default = sys.unraisablehook
+
+    def hook(args: Any) -> None:
+        name = getattr(getattr(args.object, "cr_code", None), "co_filename", "")
+        if "orbax" not in name:
+            default(args)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        gc.collect()  # the dropped coroutines are reported when collected: do it here
+        sys.unraisablehook = default
+
+
+def _unreadable(where: str, e: Exception) -> Exception:
+    """`e` as a CheckpointCorruptError naming `where` if it is an integrity failure, else `e`
+    itself (the caller raises it unchanged)."""
+    if isinstance(e, CheckpointCorruptError) or not integrity_failure(e):
+        return e
+    return CheckpointCorruptError(f"{where}: unreadable ({error_line(e)})")
+
+
 def error_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
@@ -109,6 +200,15 @@ def _data_items(data_iter: Any) -> dict[str, Any]:
     writes one file per process in each item, so each process restores its own shards."""
     iters = list(data_iter) if isinstance(data_iter, (list, tuple)) else [data_iter]
     return {("data" if i == 0 else f"data_{i}"): it for i, it in enumerate(iters)}
+
+
+def _data_states(data: dict[str, Any]) -> list[str] | None:
+    """The iterators' positions as JSON text, stored in `meta` so a damaged `data` item that
+    still parses (a flipped digit) is caught on restore. Single-process runs only: `meta` is
+    written by process 0, and other processes hold other shards."""
+    if jax.process_count() > 1:
+        return None
+    return [json.dumps(it.get_state(), sort_keys=True, default=str) for it in data.values()]
 
 
 def _model_signature(cfg: ModelConfig) -> dict[str, Any]:
@@ -153,14 +253,17 @@ def restore_pure_params(path: str | Path, target: Any, step: int | None = None) 
     path = Path(path).absolute()
     if step is None:
         try:
-            with ocp.StandardCheckpointer() as c:
+            with _quiet_orbax_unraisable(), ocp.StandardCheckpointer() as c:
                 pure = c.restore(path, target)
         except Exception as e:  # Orbax raises bare Exception for a chunk it cannot decode
             # Damage that breaks decoding (a flipped byte in a zstd chunk, a truncated file)
             # surfaces here, before any checksum can be compared.
             if not _checksums_file(path).is_file():
                 raise  # not one of ours: Orbax's own message (shapes, structure) says more
-            raise CheckpointCorruptError(f"{path}: unreadable ({error_line(e)})") from None
+            err = _unreadable(str(path), e)
+            if err is e:
+                raise
+            raise err from None
         sums = _checksums_file(path)
         if sums.is_file():
             try:
@@ -171,13 +274,16 @@ def restore_pure_params(path: str | Path, target: Any, step: int | None = None) 
         return pure
     mngr = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False))
     try:
-        got = mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        with _quiet_orbax_unraisable():
+            got = mngr.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     except FileNotFoundError:
         raise
     except Exception as e:  # as above: undecodable bytes fail before the checksums can
-        raise CheckpointCorruptError(
-            f"checkpoint step {step} in {path}: unreadable ({error_line(e)})") from None
+        err = _unreadable(f"checkpoint step {step} in {path}", e)
+        if err is e:
+            raise
+        raise err from None
     finally:
         mngr.close()
     sums = (got["meta"] or {}).get("checksums") or {}
@@ -259,6 +365,7 @@ class RunCheckpointer:
         params, opt = _pure(state.params), _flat(state.opt_state)
         sagc = {k: np.asarray(v) for k, v in state.sagc.items()}
         meta = {"step": step, "sagc_keys": sorted(state.sagc), "data_items": len(data),
+                "data_states": _data_states(data),
                 # Computed on device before the async write, from the same arrays it copies.
                 "checksums": {"params": fingerprints(params), "opt_state": fingerprints(opt),
                               "sagc": fingerprints_np(sagc)}}
@@ -333,7 +440,14 @@ class RunCheckpointer:
         path = self.directory / "model.json"
         if not path.exists():
             return
-        saved = json.loads(path.read_text())
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(saved, dict):
+                raise ValueError(f"expected a JSON object, got {type(saved).__name__}")
+        except (OSError, ValueError) as e:
+            raise CheckpointCorruptError(
+                f"{path} is unreadable ({error_line(e)}): it records the model the checkpoints "
+                "were written for; restore it or delete it to skip this check") from None
         now = _model_signature(model_cfg)
         diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         if diff:
@@ -345,7 +459,8 @@ class RunCheckpointer:
     def restore_latest(self, template: Snapshot, model_cfg: ModelConfig) -> Snapshot | None:
         """Newest restorable checkpoint, falling back past damaged ones; None if there is none.
 
-        Damaged steps newer than the one restored are moved aside (`quarantine`). If no step
+        Damaged steps (`integrity_failure`) newer than the one restored are moved aside
+        (`quarantine`). Any other error is raised at once with nothing moved. If no step
         restores, nothing is moved (the cause may be this run, not the files) and the first
         step's error is raised.
         """
@@ -355,10 +470,9 @@ class RunCheckpointer:
         bad: list[tuple[int, str]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                state = self._restore(step, template)
-            except CheckpointMismatchError:
-                raise
-            except Exception as e:
+                with _quiet_orbax_unraisable():
+                    state = self._restore(step, template)
+            except CheckpointCorruptError as e:
                 bad.append((step, error_line(e)))
                 warn(f"checkpoint step {step} in {self.directory} is unreadable or corrupt "
                       f"({bad[-1][1]}); falling back to the previous one")
@@ -392,8 +506,17 @@ class RunCheckpointer:
         pure_t = _pure(template.params)
         flat_opt = _flat(template.opt_state)
         sagc_t = {k: np.asarray(v) for k, v in template.sagc.items()}
-        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        meta = meta["meta"]
+        where = f"checkpoint step {step} in {self.directory}"
+        try:
+            meta = self.manager.restore(
+                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            if not isinstance(meta, dict) or not isinstance(meta.get("sagc_keys"), list):
+                raise CheckpointCorruptError(f"{where}: meta is unreadable ({meta!r:.80})")
+        except Exception as e:
+            err = _unreadable(f"{where}: meta", e)
+            if err is e:
+                raise
+            raise err from None
         missing = set(sagc_t) - set(meta["sagc_keys"])
         if missing:
             raise CheckpointMismatchError(
@@ -404,7 +527,6 @@ class RunCheckpointer:
             raise CheckpointMismatchError(
                 f"checkpoint step {step}: written with {saved_items} data shard(s) per process, "
                 f"this run has {len(data)} (data.shards / process count changed)")
-        where = f"checkpoint step {step} in {self.directory}"
         try:
             got = self.manager.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(_abstract(pure_t)),
@@ -413,7 +535,10 @@ class RunCheckpointer:
                 **{k: grain.checkpoint.CheckpointRestore(it) for k, it in data.items()},
             ))
         except Exception as e:  # undecodable bytes fail here, before the checksums can
-            raise CheckpointCorruptError(f"{where}: unreadable ({error_line(e)})") from None
+            err = _unreadable(where, e)
+            if err is e:
+                raise
+            raise err from None
         sums = meta.get("checksums") or {}
         verify(f"{where}: params", got["params"], sums.get("params"))
         verify(f"{where}: opt_state", got["opt_state"], sums.get("opt_state"))
@@ -424,6 +549,10 @@ class RunCheckpointer:
         treedef = jax.tree.structure(template.opt_state)
         opt_state = jax.tree.unflatten(treedef, [got["opt_state"][str(i)]
                                                  for i in range(len(flat_opt))])
+        states = meta.get("data_states")
+        if states is not None and states != _data_states(data):
+            raise CheckpointCorruptError(f"{where}: data iterator state differs from the one "
+                                         "saved")
         sagc = {k: np.asarray(v) for k, v in got["sagc"].items()}
         return Snapshot(step=step, params=params, opt_state=opt_state, sagc=sagc,
                         data_iter=template.data_iter)

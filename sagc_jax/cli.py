@@ -76,13 +76,15 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     from sagc_jax.config import ConfigError
     from sagc_jax.data.readers import DataError
     from sagc_jax.data.tokenizer import TokenizerError
+    from sagc_jax.models.config import ModelConfigError
     from sagc_jax.models.hf import ModelFileError
     from sagc_jax.rl.rewards import RewardNameError
     from sagc_jax.runlock import RunDirLocked
 
     # FileNotFound / FileExists before step 1: init.params, model.path, run.resume vs run.dir.
-    return (ConfigError, DataError, TokenizerError, ModelFileError, RewardNameError,
-            CheckpointMismatchError, RunDirLocked, FileNotFoundError, FileExistsError)
+    return (ConfigError, DataError, TokenizerError, ModelFileError, ModelConfigError,
+            RewardNameError, CheckpointMismatchError, RunDirLocked, FileNotFoundError,
+            FileExistsError)
 
 
 _DISK_FULL = ("No space left on device", "os_error_code='28'")
@@ -233,7 +235,7 @@ def _eval(argv: list[str]) -> int:
         resolve_checkpoint,
     )
     from sagc_jax.models.hf import ModelFileError
-    from sagc_jax.rl.rewards import RewardFn, build_reward_fns
+    from sagc_jax.rl.rewards import RewardFn, build_reward_fns, with_timeout
 
     try:
         # Cheap checks of both paths before any model is loaded.
@@ -246,7 +248,7 @@ def _eval(argv: list[str]) -> int:
         if args.reward:
             reward_fns = [RewardFn.from_name(r) for r in args.reward]
         elif cfg is not None:
-            reward_fns = build_reward_fns(cfg.rewards)
+            reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
         else:  # a bare HF model: the task's verifier, or exact-answer matching for a file
             reward_fns = [RewardFn.from_name(get_task(task).default_reward if task
                                              else "exact_answer")]
@@ -423,8 +425,20 @@ def setup_logging() -> None:
         log.propagate = False
 
 
+#: Set (unless the user set them) before transformers is imported: every model and tokenizer is
+#: a local path or already in the local HF cache, so nothing reaches for the network at run time.
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def go_offline() -> None:
+    """HF hub offline for this process and its children, unless the user chose otherwise."""
+    for name in OFFLINE_ENV:
+        os.environ.setdefault(name, "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    go_offline()
     setup_logging()
     usage = "usage: sagc-jax [--version] {" + ",".join(COMMANDS) + "} [--help] ..."
     if not argv or argv[0] in ("-h", "--help"):

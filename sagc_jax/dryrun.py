@@ -435,11 +435,21 @@ def _train_shapes(plan: ShapePlan, mcfg: ModelConfig, tensor: int,
 
 
 def _local_device_memory() -> int | None:
+    """The first device's memory in bytes, or None where the backend does not say (CPU returns
+    None; some plugins raise NotImplementedError or an UNIMPLEMENTED runtime error). Any other
+    failure is a real problem of the device: it is printed in one line, and the sizes are
+    then not compared with a limit."""
     try:
         stats = jax.devices()[0].memory_stats()
-    except Exception:  # CPU backends have no memory stats
+    except NotImplementedError:
         return None
-    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+    except jax.errors.JaxRuntimeError as e:
+        if "UNIMPLEMENTED" not in str(e):
+            print(f"dry run: warning: cannot read device memory: {' '.join(str(e).split())[:300]}",
+                  file=sys.stderr)
+        return None
+    limit = stats.get("bytes_limit") if isinstance(stats, dict) else None
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
 # --------------------------------------------------------------------------------------------

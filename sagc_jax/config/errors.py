@@ -45,7 +45,8 @@ def fmt(value: Any) -> str:
     """Render a value for an error message (repr, but lists for tuples)."""
     if isinstance(value, tuple):
         value = list(value)
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= 200 else f"{text[:160]}...{text[-20:]} ({len(text)} chars)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,8 +220,8 @@ def format_validation_error(
     tp, meta = _annotation_at(model, loc)
     if kind == "missing":
         return f"{key}: required"
-    if _non_none(tp) is float and type(value) is int:
-        value = float(value)  # what the field would hold
+    if _non_none(tp) is float and type(value) is int and abs(value) < 2**1023:
+        value = float(value)  # what the field would hold (a 400-digit int would not fit)
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return f"{key}: must be {_bounds(meta)}, got {fmt(value)}"
     if kind == "finite_number":

@@ -25,6 +25,7 @@ from sagc_jax.config.errors import ConfigError, fmt
 from sagc_jax.config.schema import Config
 
 __all__ = [
+    "DuplicateKeyError",
     "apply_overrides",
     "config_from_dict",
     "config_to_dict",
@@ -35,8 +36,33 @@ __all__ = [
 ]
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping that names the same key twice (YAML says keys are unique; PyYAML keeps the
+    last silently, so a second ``sagc:`` block would replace the first)."""
+
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(f"duplicate key {key!r} on lines {first} and {second}")
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-4`` / ``3E5`` (no dot) as floats, like YAML 1.2."""
+    """SafeLoader that also reads ``1e-4`` / ``3E5`` (no dot) as floats, like YAML 1.2, and
+    refuses duplicate keys (:class:`DuplicateKeyError`)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` keys are meant to be overridden
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise DuplicateKeyError(key, seen[key], line)
+                    seen[key] = line
+                except TypeError:
+                    continue  # unhashable: SafeConstructor reports it
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -51,6 +77,14 @@ def yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
 
 
+def _why(e: BaseException) -> str:
+    """A parse error in one line (PyYAML's span several; a too-deep document has no text)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A YAML file's top-level mapping (empty file = ``{}``); one-line ConfigError otherwise."""
     name = os.fspath(path)
@@ -59,12 +93,16 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
             text = fh.read()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {name!r}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{name}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {name!r}: {e.strerror}") from None
     try:
         data = yaml_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{name}: invalid YAML ({' '.join(str(e).split())})") from None
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{name}: {e}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: a 5000-digit int
+        raise ConfigError(f"{name}: invalid YAML ({_why(e)})") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -153,10 +191,9 @@ def apply_overrides(d: Mapping[str, Any], overrides: list[str]) -> dict[str, Any
         key = key.strip()
         try:
             value = yaml_load(raw)
-        except yaml.YAMLError as e:
-            raise ConfigError(
-                f"{key}: cannot parse value {raw!r} as YAML ({' '.join(str(e).split())})"
-            ) from None
+        except (yaml.YAMLError, ValueError, RecursionError) as e:
+            shown = raw if len(raw) <= 80 else f"{raw[:60]}... ({len(raw)} chars)"
+            raise ConfigError(f"{key}: cannot parse value {shown!r} as YAML ({_why(e)})") from None
         _set(root, key, _parse_path(key), value)
     return root
 

@@ -497,7 +497,14 @@ class Config(Section):
         (RewardSpec("exact_answer", 1.0),), "Reward functions summed with weights."
     )
     reward_on_error: Literal["raise", "zero"] = field(
-        "raise", "When a reward function raises: re-raise, or score the row 0."
+        "raise", "When a reward function raises or times out: stop the run with an error naming "
+        "the function and example (the state from before the step is saved), or score the row 0 "
+        "with a warning."
+    )
+    reward_timeout_s: Float | None = field(
+        None, "Seconds one reward-function call may take; a call that takes longer is a failure "
+        "handled by reward_on_error (the stuck call is abandoned in a background thread, not "
+        "killed). None = wait forever.", gt=0
     )
     mesh: MeshConfig = Field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

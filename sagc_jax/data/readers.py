@@ -3,7 +3,8 @@
 Each reader returns a list of dicts with the canonical keys ``prompt`` (str) and ``answer`` (str,
 numbers are converted) plus every other column unchanged, so reward functions receive them as
 keyword arguments. Any problem raises :class:`DataError` naming the file and the line (JSONL,
-1-based) or row index (Parquet, 0-based) and what is wrong.
+1-based), the row index (Parquet, 0-based) or the item index (a ``.json`` file holding one JSON
+array of objects, 0-based) and what is wrong.
 """
 
 from __future__ import annotations
@@ -13,11 +14,21 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DataError", "normalize_row", "read_examples", "read_jsonl", "read_parquet"]
+__all__ = ["DataError", "normalize_row", "read_examples", "read_json_array", "read_jsonl",
+           "read_parquet"]
 
 
 class DataError(ValueError):
     """A dataset file is unreadable, empty or has a malformed row."""
+
+
+def _check_text(text: str, where: str, what: str) -> None:
+    """A JSON ``"\\ud800"`` escape decodes to a lone surrogate, which no tokenizer encodes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{where}: {what} is not valid Unicode (lone surrogate "
+                        f"U+{ord(text[exc.start]):04X} at character {exc.start})") from None
 
 
 def normalize_row(
@@ -48,6 +59,7 @@ def normalize_row(
             f"{where}: prompt column {prompt_column!r} must be a string, "
             f"got {type(prompt).__name__}"
         )
+    _check_text(prompt, where, f"prompt column {prompt_column!r}")
     out = {k: v for k, v in row.items() if k not in (prompt_column, answer_column)}
     out["prompt"] = prompt
     if answer_column is not None:
@@ -61,6 +73,8 @@ def normalize_row(
                 f"{where}: answer column {answer_column!r} must be a string or number, "
                 f"got {type(answer).__name__}"
             )
+        if isinstance(answer, str):
+            _check_text(answer, where, f"answer column {answer_column!r}")
         out["answer"] = answer if isinstance(answer, str) else str(answer)
     return out
 
@@ -99,6 +113,8 @@ def read_jsonl(
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from exc
+            except (ValueError, RecursionError) as exc:  # a 5000-digit number, deep nesting
+                raise DataError(f"{where}: bad JSON: {_why(exc)}") from None
             rows.append(
                 normalize_row(
                     obj, where=where, prompt_column=prompt_column, answer_column=answer_column
@@ -107,6 +123,61 @@ def read_jsonl(
     if not rows:
         raise DataError(f"{path}: dataset is empty (no rows)")
     return rows
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return " ".join(str(exc).split())[:200]
+
+
+def _starts_with_array(path: str) -> bool:
+    """Whether the file's first non-blank character is ``[`` (a JSON array, not JSON lines)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open dataset file: {exc.strerror or exc}") from exc
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
+
+
+def read_json_array(
+    path: str | os.PathLike[str],
+    prompt_column: str = "prompt",
+    answer_column: str | None = "answer",
+) -> list[dict[str, Any]]:
+    """Read a ``.json`` file holding one JSON array of row objects (the whole file is parsed).
+
+    Raises:
+      DataError: unreadable file, not UTF-8, bad JSON (``"<file> line <n> column <c>: ..."``),
+        a bad row (``"<file> item <i>: ..."``, 0-based), or an empty array.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open dataset file: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"
+                        ) from None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path} line {exc.lineno} column {exc.colno}: bad JSON: {exc.msg}"
+                        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"{path}: bad JSON: {_why(exc)}") from None
+    if not isinstance(items, list):
+        raise DataError(f"{path}: expected a JSON array of objects or JSON lines, got "
+                        f"{type(items).__name__}")
+    if not items:
+        raise DataError(f"{path}: dataset is empty (no rows)")
+    return [normalize_row(obj, where=f"{path} item {i}", prompt_column=prompt_column,
+                          answer_column=answer_column) for i, obj in enumerate(items)]
 
 
 def read_parquet(
@@ -150,10 +221,13 @@ def read_examples(
     prompt_column: str = "prompt",
     answer_column: str | None = "answer",
 ) -> list[dict[str, Any]]:
-    """Read a dataset file, choosing the reader by extension (``.parquet``/``.pq``, else JSONL)."""
+    """Read a dataset file, choosing the reader by extension: ``.parquet``/``.pq``; a ``.json``
+    file that starts with ``[`` is one JSON array; ``.json``/``.jsonl``/``.ndjson`` JSON lines."""
     p = os.fspath(path)
     if p.endswith((".parquet", ".pq")):
         return read_parquet(p, prompt_column, answer_column)
+    if p.endswith(".json") and _starts_with_array(p):
+        return read_json_array(p, prompt_column, answer_column)
     if p.endswith((".jsonl", ".json", ".ndjson", ".jsonl.txt")):
         return read_jsonl(p, prompt_column, answer_column)
     raise DataError(f"{p}: unknown dataset format (expected .jsonl, .json, .ndjson or .parquet)")

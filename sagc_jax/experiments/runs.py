@@ -101,7 +101,7 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
     on the run config's held-out split; cached in `<run>/eval.json` per checkpoint step."""
     from sagc_jax.evaluate import evaluate, load_eval_examples, load_policy, resolve_checkpoint
     from sagc_jax.experiments.budget import checkpoint_at_or_before
-    from sagc_jax.rl.rewards import build_reward_fns
+    from sagc_jax.rl.rewards import build_reward_fns, with_timeout
 
     ckpt: Path = run_dir
     if at_step is not None:
@@ -120,7 +120,8 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
     assert cfg is not None
     examples, _ = load_eval_examples(None, cfg, limit=limit)
     s = cfg.sampling
-    res = evaluate(model, tok, examples, reward_fns=build_reward_fns(cfg.rewards),
+    res = evaluate(model, tok, examples, reward_fns=with_timeout(
+                       build_reward_fns(cfg.rewards), cfg.reward_timeout_s),
                    num_samples=num_samples, max_new_tokens=s.max_new_tokens,
                    temperature=s.temperature, batch_prompts=batch_prompts, seed=cfg.run.seed,
                    chat_template=cfg.data.chat_template, prompt_buckets=s.prompt_buckets,

@@ -30,6 +30,7 @@ def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
     (same seed) sit beside the base weights."""
     m = cfg.model
     if m.path is not None:
+        model_config(cfg, vocab_size)  # config.json first: its errors name the file and field
         model, mcfg = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh)
         model.cfg = with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
         if m.lora is not None:
@@ -43,7 +44,8 @@ def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> Mod
     """The architecture `build_model` builds for `cfg`, without weights: `model.path`'s
     `config.json` or GGUF metadata (with `model.remat`, `model.param_dtype`, `model.lora`), or
     the `model.*` fields (with `model.lora`) and `vocab_size` (special ids from `tokenizer` when
-    given). OSError / ValueError when the config cannot be read."""
+    given). OSError when the config cannot be read, ModelConfigError (naming the file and the
+    field) when it is not a valid config, ValueError from GGUF metadata."""
     m = cfg.model
     if m.path is not None:
         mcfg = pretrained_config(m.path, dtype=m.dtype, param_dtype=m.param_dtype)

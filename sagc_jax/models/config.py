@@ -11,6 +11,12 @@ import warnings
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+class ModelConfigError(ValueError):
+    """A model config (config.json or the `model.*` fields) with a missing, mistyped or
+    out-of-range field; the message names the field (a user's input error: `train` exits 2)."""
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 # Fields that change the math of a forward pass in ways we do not implement.
@@ -79,7 +85,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> None:
-            raise ValueError(f"model config field '{field}': {why}")
+            raise ModelConfigError(f"model config field '{field}': {why}")
 
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             bad("model_type",
@@ -197,9 +203,50 @@ def _check_unsupported(d: dict[str, Any]) -> None:
                       stacklevel=3)
 
 
+# config.json fields `from_hf_dict` reads, by the JSON type they must have (None is allowed for
+# the optional ones: HF writes `"head_dim": null` for "derive it").
+_HF_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads")
+_HF_OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "max_position_embeddings",
+                     "bos_token_id", "pad_token_id")
+_HF_NUMBERS = ("rms_norm_eps", "rope_theta")
+_HF_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+
+
+def check_hf_fields(d: Any) -> None:
+    """Raises ModelConfigError naming the first config.json field `from_hf_dict` reads whose
+    value has the wrong JSON type (`"hidden_size": null`, `"num_hidden_layers": "2"`, ...)."""
+    if not isinstance(d, dict):
+        raise ModelConfigError(f"config.json: expected a JSON object, got {type(d).__name__}")
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def bad(k: str, want: str) -> None:
+        raise ModelConfigError(f"config field '{k}': expected {want}, got {d[k]!r:.60}")
+
+    for k in _HF_INT_FIELDS:
+        if k in d and not is_int(d[k]):
+            bad(k, "an integer")
+    for k in _HF_OPTIONAL_INTS:
+        if d.get(k) is not None and not is_int(d[k]):
+            bad(k, "an integer or null")
+    eos = d.get("eos_token_id")
+    if eos is not None and not is_int(eos) and not (
+            isinstance(eos, list) and all(is_int(x) for x in eos)):
+        bad("eos_token_id", "an integer, a list of integers or null")
+    for k in _HF_NUMBERS:
+        if d.get(k) is not None and (isinstance(d[k], bool) or not isinstance(d[k], int | float)):
+            bad(k, "a number")
+    for k in _HF_BOOLS:
+        if d.get(k) is not None and not isinstance(d[k], bool):
+            bad(k, "true or false")
+
+
 def from_hf_dict(d: dict[str, Any], *, dtype: str | None = None,
                  param_dtype: str | None = None) -> ModelConfig:
     """Builds a ModelConfig from an HF config.json dict; errors name the offending field."""
+    check_hf_fields(d)
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"config field 'model_type': unsupported '{model_type}', "

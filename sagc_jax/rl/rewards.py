@@ -13,6 +13,12 @@ returns the weighted total plus per-function values, turning any misbehaviour (a
 wrong number of values, a non-finite or non-numeric value) into a :class:`RewardError` naming the
 function and the example index — or, with ``on_error="zero"``, a 0 reward for the offending
 examples, counted and reported.
+
+A function with a ``timeout_s`` (config ``reward_timeout_s``, :func:`with_timeout`) is called in
+a worker thread and waited for at most that long per call; a call that does not return in time
+is a failure like an exception (retried one example at a time to name the example). A Python
+thread cannot be stopped: the stuck call is abandoned and keeps running in a daemon thread
+(it holds whatever CPU or memory it uses until it returns or the process exits).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -51,6 +58,7 @@ __all__ = [
     "normalize_number",
     "resolve_reward",
     "score_groups",
+    "with_timeout",
 ]
 
 logger = logging.getLogger(__name__)
@@ -261,6 +269,7 @@ class RewardFn:
     name: str
     fn: RewardCallable
     weight: float = 1.0
+    timeout_s: float | None = None  # seconds per call; None waits forever (see the module doc)
 
     @classmethod
     def from_name(cls, name: str, weight: float = 1.0) -> RewardFn:
@@ -302,6 +311,11 @@ def build_reward_fns(spec: Any) -> list[RewardFn]:
         raise ValueError("no reward functions configured")
     _check_unique(fns)
     return fns
+
+
+def with_timeout(fns: Sequence[RewardFn], timeout_s: float | None) -> list[RewardFn]:
+    """The bundle with every function's per-call `timeout_s` set (None: no timeout)."""
+    return [dataclasses.replace(f, timeout_s=timeout_s) for f in fns]
 
 
 def _check_unique(fns: Sequence[RewardFn]) -> None:
@@ -348,8 +362,34 @@ def _to_float(v: Any) -> float:
     return float(v)
 
 
+class RewardTimeout(Exception):
+    """A reward call that did not return within its `timeout_s` (it was abandoned)."""
+
+
 def _call(rf: RewardFn, prompts: list[str], completions: list[str], columns: dict) -> Any:
-    return rf.fn(prompts, completions, **columns)
+    """``rf.fn(...)``; with ``rf.timeout_s``, in a daemon thread waited for that long (raises
+    RewardTimeout; the thread is left running: see the module docstring)."""
+    if rf.timeout_s is None:
+        return rf.fn(prompts, completions, **columns)
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out"] = rf.fn(prompts, completions, **columns)
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            box["exc"] = exc
+
+    # A daemon thread, not an executor: executor threads are joined at exit, so an abandoned
+    # call would hang the process's shutdown.
+    t = threading.Thread(target=work, name=f"reward-{rf.name}", daemon=True)
+    t.start()
+    t.join(rf.timeout_s)
+    if t.is_alive():
+        raise RewardTimeout(f"did not return within {rf.timeout_s:g} s (reward_timeout_s; the "
+                            "call was abandoned)")
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
 
 
 def _check_values(rf: RewardFn, out: Any, n: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
@@ -381,9 +421,11 @@ def _check_values(rf: RewardFn, out: Any, n: int) -> tuple[np.ndarray, list[tupl
 
 
 def _per_example(
-    rf: RewardFn, prompts: list[str], completions: list[str], columns: dict
+    rf: RewardFn, prompts: list[str], completions: list[str], columns: dict,
+    stop_at_timeout: bool = False,
 ) -> tuple[np.ndarray, list[tuple[int, str]], np.ndarray]:
-    """Call ``rf`` one example at a time; returns values, per-index problems, None flags."""
+    """Call ``rf`` one example at a time; returns values, per-index problems, None flags
+    (`stop_at_timeout`: stop at the first call that times out)."""
     n = len(completions)
     vals = np.zeros(n, dtype=np.float32)
     nones = np.zeros(n, dtype=bool)
@@ -392,6 +434,11 @@ def _per_example(
         cols = {k: [v[i]] for k, v in columns.items()}
         try:
             out = _call(rf, [prompts[i]], [completions[i]], cols)
+        except RewardTimeout as exc:
+            bad.append((i, str(exc)))
+            if stop_at_timeout:
+                break  # the caller raises: do not wait out the other examples too
+            continue
         except Exception as exc:
             bad.append((i, f"raised {type(exc).__name__}: {exc}"))
             continue
@@ -425,8 +472,10 @@ def compute_rewards(
         index; ``"zero"`` → 0 for the offending examples (the whole batch when a function returns
         the wrong number of values), counted in ``num_errors`` with a message and a log warning.
 
-    A function that raises on the batch is retried one example at a time to find the failing
-    index; the other examples keep their per-example values.
+    A function that raises (or times out, see :class:`RewardFn`.timeout_s) on the batch is
+    retried one example at a time to find the failing index; the other examples keep their
+    per-example values. With ``on_error="raise"`` the retry stops at the first example that
+    times out; with ``"zero"`` every example that times out costs up to ``timeout_s``.
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
@@ -461,15 +510,19 @@ def compute_rewards(
         try:
             out = _call(rf, prompts, completions, cols)
         except Exception as exc:
-            vals, bad, nones = _per_example(rf, prompts, completions, cols)
+            vals, bad, nones = _per_example(rf, prompts, completions, cols,
+                                            stop_at_timeout=on_error == "raise")
             if bad:
                 # Prefer the first example that raises; other problems are counted too.
-                i, problem = next(((i, p) for i, p in bad if p.startswith("raised")), bad[0])
+                i, problem = next(((i, p) for i, p in bad
+                                   if p.startswith(("raised", "did not return"))), bad[0])
                 fail(f"reward {rf.name!r} failed on example {i}: {problem}", len(bad), exc)
             else:
+                what = (f"timed out ({exc})" if isinstance(exc, RewardTimeout)
+                        else f"raised {type(exc).__name__}: {exc}")
                 fail(
-                    f"reward {rf.name!r} raised {type(exc).__name__} on the batch of {n} "
-                    f"(no single example reproduces it): {exc}",
+                    f"reward {rf.name!r} failed on the batch of {n} (no single example "
+                    f"reproduces it): {what}",
                     n,
                     exc,
                 )

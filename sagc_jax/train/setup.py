@@ -27,7 +27,7 @@ from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import make_mesh_from_config
-from sagc_jax.rl.rewards import RewardFn, build_reward_fns
+from sagc_jax.rl.rewards import RewardFn, build_reward_fns, with_timeout
 from sagc_jax.rollout import CollectSettings, PromptStream
 from sagc_jax.sagc import SAGCConfig, make_policy
 from sagc_jax.sampling import Sampler, SamplingConfig
@@ -155,7 +155,7 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     # Input checks first, before the model is built or anything compiled: tokenizer vs model,
     # reward names, every prompt's length.
     tokenizer = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)
-    reward_fns = build_reward_fns(cfg.rewards)
+    reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
     train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
     _check_lengths(cfg, train_examples, tokenizer, "train")
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)

@@ -1,0 +1,112 @@
+"""The long reliability harness: ``PYTHONPATH=. python -m benchmarks.reliability [--quick]``.
+
+Prints, per harness, the cases tried and the outcomes by kind, then the totals the issue asks
+for (tracebacks, silent corruptions, lost or duplicated steps); exits 1 if any case failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `reliability` as a package
+
+from reliability.fuzz_ckpt import run_ckpt_fuzz
+from reliability.fuzz_config import run_config_fuzz
+from reliability.fuzz_data import run_data_fuzz
+from reliability.kills import run_kills
+from reliability.rewards_e2e import run_reward_cases
+
+PARTS = ("config", "data", "ckpt", "rewards", "kills")
+
+
+def _show(name: str, tried: int, outcomes: dict, failures: list, seconds: float) -> None:
+    print(f"\n## {name}: {tried} cases in {seconds:.0f} s, {len(failures)} failures")
+    for k, v in sorted(outcomes.items()):
+        print(f"  {k:55s} {v}")
+    for f in failures[:10]:
+        print(f"  FAILURE {str(f)[:400]}")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.reliability", description=__doc__)
+    p.add_argument("--config-cases", type=int, default=10_000)
+    p.add_argument("--data-cases", type=int, default=1_200)
+    p.add_argument("--ckpt-cases", type=int, default=200)
+    p.add_argument("--kills", type=int, default=24, help="kill -9 moments (at least)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", action="append", choices=PARTS, help="run only these parts")
+    p.add_argument("--work", help="directory for the runs (default: a temporary one); the "
+                   "logs of failed cases are kept there")
+    args = p.parse_args(argv)
+    parts = args.only or PARTS
+    tmp = None if args.work else tempfile.TemporaryDirectory()
+    work = Path(args.work or tmp.name)
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("RELIABILITY_JAX_CACHE", str(work / "jax_cache"))  # for the children
+    totals = {"failures": 0, "tracebacks": 0, "silent": 0, "lost_or_dup": 0}
+    print(f"reliability harness, seed {args.seed}, parts {', '.join(parts)}", flush=True)
+    if "config" in parts:
+        t0 = time.time()
+        r = run_config_fuzz(args.config_cases, args.seed)
+        _show("config (key=value overrides and YAML documents)", r.tried, r.outcomes,
+              r.failures, time.time() - t0)
+        totals["failures"] += len(r.failures)
+        totals["tracebacks"] += len(r.failures)
+    if "data" in parts:
+        t0 = time.time()
+        r = run_data_fuzz(args.data_cases, args.seed)
+        _show(f"data (JSONL / JSON array / Parquet; {r.rows} mutated rows)", r.tried,
+              r.outcomes, r.failures, time.time() - t0)
+        totals["failures"] += len(r.failures)
+        totals["tracebacks"] += sum("Error" in f[2].split(":")[0] for f in r.failures)
+        totals["silent"] += sum("changed" in f[2] or "loaded," in f[2] for f in r.failures)
+    if "ckpt" in parts:
+        t0 = time.time()
+        r = run_ckpt_fuzz(args.ckpt_cases, args.seed)
+        _show("checkpoints (flips / truncations / deletions, every file)", r.tried,
+              {**r.outcomes, **{f"by item: {k}": v for k, v in r.by_item.items()}},
+              r.failures, time.time() - t0)
+        totals["failures"] += len(r.failures)
+        totals["silent"] += sum("wrong" in f[2] or "valid step" in f[2] for f in r.failures)
+        totals["tracebacks"] += sum("Error:" in f[2] for f in r.failures)
+    if "rewards" in parts:
+        t0 = time.time()
+        r = run_reward_cases(work / "rewards", root=work)
+        _show("rewards in training (never returns / raises on 1 % / NaN)", r.tried,
+              r.outcomes, r.failures, time.time() - t0)
+        totals["failures"] += len(r.failures)
+        totals["tracebacks"] += r.tracebacks
+    if "kills" in parts:
+        t0 = time.time()
+
+        def report(i: int, res) -> None:
+            print(f"  kill case {i}: {res.kills} kills, {dict(res.outcomes)} "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+
+        r = run_kills(args.kills, args.seed, work / "kills", report=report)
+        _show(f"kills (kill -9, {r.kills} kills; resumes vs an uninterrupted run of "
+              f"{r.ref_seconds:.0f} s)", r.tried,
+              {**r.outcomes, **{f"killed at: {k}": v for k, v in r.phases.items()}},
+              r.failures, time.time() - t0)
+        print(f"  network accesses {r.network}")
+        totals["failures"] += len(r.failures)
+        totals["tracebacks"] += r.tracebacks
+        totals["lost_or_dup"] += sum(any("lost" in x or "duplicated" in x for x in f[2])
+                                     for f in r.failures)
+        totals["silent"] += sum(any("differ" in x for x in f[2]) for f in r.failures)
+    print(f"\nTOTAL: {totals['failures']} failed cases, {totals['tracebacks']} tracebacks, "
+          f"{totals['silent']} silent corruptions, {totals['lost_or_dup']} lost or duplicated "
+          "steps")
+    if tmp is not None:
+        tmp.cleanup()
+    return 1 if totals["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
