@@ -16,9 +16,9 @@ Wasted decode (the target): per group 1 - mean L / max L; per step the same over
 
 Real trace, two ways: groups of g bootstrapped from one problem's recorded rows (with
 replacement; duplicates understate the tail), and the simulator's replay (configs/sim/
-smollm2_probe_replay.yaml: a problem's recorded rows without replacement, the median x residual
-model beyond them) -- the replay is what the controller is judged on. Synthetic: the
-simulator's own draws, sliced [:, :g] as ``run_step`` does. Usage:
+real/smollm2_probe_replay.yaml: a problem's recorded rows without replacement, the median x
+residual model beyond them) -- the replay is what the controller is judged on. Synthetic:
+the simulator's own draws, sliced [:, :g] as ``run_step`` does. Usage:
   python benchmarks/straggler_definitions.py [--steps 200] [--seeds 2] [--out table.md]
 """
 
@@ -34,7 +34,7 @@ from sagc_jax.sagc.workload import load_trace_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "configs/sim/traces/smollm2_t1_probe_trace.jsonl"
-REAL_SIM = "smollm2_probe_replay"  # the simulator's replay of REAL (recorded rows first)
+REAL_SIM = "real/smollm2_probe_replay"  # the simulator's replay of REAL (recorded rows first)
 SYNTH = ("heavy_tail", "bimodal", "loop_bursts")
 SIZES = (4, 8, 16)
 CANDS = ("group_ratio", "tail_share", "excess_share", "quantile", "batch_tail")

@@ -79,7 +79,7 @@ def test_controller_feeds_tail_share():
 def test_real_trace_replay_some_rung_in_budget():
     """The SmolLM2 probe trace under tail_share at its config's delta: G = 4 in budget, G = 8
     and 16 not, and SAGC (near) in budget while earning more benefit/s than static-4."""
-    sim = load_sim_config(ROOT / "configs/sim/smollm2_probe_replay.yaml")
+    sim = load_sim_config(ROOT / "configs/sim/real/smollm2_probe_replay.yaml")
     assert sim.sagc.straggler == "tail_share"
     res = summarize(sim, run_policies(sim, make_policies(sim.sagc)))
     assert res["static-4"]["meets_delta"]
@@ -90,7 +90,7 @@ def test_real_trace_replay_some_rung_in_budget():
     assert res["sagc"]["benefit_per_s"] > res["static-4"]["benefit_per_s"]
     # under today's event no rung is in budget at delta = 0.1 (issue 32's finding)
     sim0 = load_sim_config(
-        ROOT / "configs/sim/smollm2_probe_replay.yaml",
+        ROOT / "configs/sim/real/smollm2_probe_replay.yaml",
         ["steps=40", "sagc.straggler=group_ratio", "sagc.delta=0.1"],
     )
     res0 = summarize(sim0, run_policies(sim0, make_policies(sim0.sagc)))
