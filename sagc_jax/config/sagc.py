@@ -51,13 +51,23 @@ class SAGCConfig(Section):
         "two rollouts to compare).",
     )
     initial_group_size: Int = field(8, "G at step 0 and during warm-up; one of group_sizes.")
+    straggler: Literal["group_ratio", "tail_share"] = field(
+        "group_ratio",
+        "What delta bounds. group_ratio: the fraction of groups with an event (max L > tau * "
+        "median L, or a truncated member; unitless rate). tail_share: the mean over groups of "
+        "(max L - median L) / max L, the share of a group's decode steps run only for its tail "
+        "(unitless, [0, 1); tau and count_truncated unused). "
+        "docs/results/sagc_straggler_definition.md.",
+    )
     # tau >= 1: an event is max L > tau * median L, and max >= median always, so tau < 1 would
     # flag almost every group (docs/sagc.md, "Straggler event").
     tau: Float = field(2.0, "Straggler if max L > tau * median L within a group.", ge=1)
     count_truncated: Bool = field(
         True, "Any member truncated at max_new_tokens is a straggler event."
     )
-    delta: Float = field(0.1, "Long-run straggler-rate budget.", gt=0, lt=1)
+    delta: Float = field(
+        0.1, "Long-run budget on the mean straggler cost of `straggler` (unitless).", gt=0, lt=1
+    )
     V: Float = field(1.0, "Weight of the normalised objective u(g) against Q * risk(g).", ge=0)
     half_life: Float = field(
         100.0,

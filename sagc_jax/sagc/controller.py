@@ -30,7 +30,7 @@ from sagc_jax.sagc.estimators import (
     truncation_rate,
 )
 from sagc_jax.sagc.events import Observation as Observation  # re-export (trainer)
-from sagc_jax.sagc.events import counterfactual_risk, straggler_events
+from sagc_jax.sagc.events import counterfactual_risk, counterfactual_tail_share, straggler_cost
 
 # Reason codes stored in the state (strings are not pytree leaves).
 REASONS: tuple[str, ...] = ("init", "warmup", "score", "no_feasible", "toward_feasible", "static")
@@ -107,7 +107,7 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     new = {k: np.array(v, copy=True) for k, v in state.items()}
 
     # 1) realised straggler rate and the virtual queue.
-    rate = float(straggler_events(lengths, truncated, cfg.tau, cfg.count_truncated).mean())
+    rate = float(straggler_cost(cfg, lengths, truncated).mean())
     new["last_rate"] = np.array(rate)
     # After a "no_feasible" decision the step ran at the most conservative g there is; debt
     # accrued then could only be repaid by over-throttling once the tail lightens, so the queue
@@ -148,18 +148,7 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     #    worth of evidence about g (p = extrapolation_power): G/g if the model were exact, less
     #    because it is not, so direct observations of g override it within a few steps.
     for i, gc in enumerate(sizes):
-        r = counterfactual_risk(
-            lengths,
-            truncated,
-            gc,
-            tau=cfg.tau,
-            count_truncated=cfg.count_truncated,
-            rng=rng,
-            mc=cfg.mc_samples,
-            pool_eps=pool_eps,
-            trunc_rate=p_tr,
-            max_new_tokens=max_new,
-        )
+        r = _rung_cost(cfg, lengths, truncated, gc, rng, pool_eps, p_tr, max_new)
         w = min(1.0, g / gc) ** cfg.extrapolation_power
         new["risk_a"][i] = lam * state["risk_a"][i] + w * r.sum()
         new["risk_b"][i] = lam * state["risk_b"][i] + w * (1.0 - r).sum()
@@ -204,6 +193,33 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     new["step"] = np.array(step + 1, np.int64)
     new["exp_steps"] = expected_decode_steps(cfg, new, rng)
     return new
+
+
+def _rung_cost(
+    cfg: SAGCConfig,
+    lengths: np.ndarray,
+    truncated: np.ndarray,
+    g: int,
+    rng: np.random.Generator,
+    pool_eps: np.ndarray,
+    trunc_rate: float,
+    max_new: int,
+) -> np.ndarray:
+    """Each observed group's expected straggler cost at size g under ``cfg.straggler``: P(event)
+    (group_ratio) or E[tail share] (tail_share, a continuous cost read as fractional pseudo-counts).
+    lengths/truncated [P, G] -> float [P]."""
+    kw = dict(rng=rng, mc=cfg.mc_samples, pool_eps=pool_eps, trunc_rate=trunc_rate)
+    if cfg.straggler == "tail_share":
+        return counterfactual_tail_share(lengths, g, max_new_tokens=max_new, **kw)
+    return counterfactual_risk(
+        lengths,
+        truncated,
+        g,
+        tau=cfg.tau,
+        count_truncated=cfg.count_truncated,
+        max_new_tokens=max_new,
+        **kw,
+    )
 
 
 def _detect_change(cfg: SAGCConfig, old: State, new: State, i_g: int) -> None:
@@ -366,4 +382,3 @@ def normalize_state(cfg: SAGCConfig, restored: dict[str, Any]) -> State:
             raise ValueError(f"SAGC state {k!r}: shape {arr.shape}, expected {v.shape}")
         out[k] = arr
     return out
-

@@ -1,8 +1,10 @@
 """The straggler event and its counterfactual: what one step's groups say about every g.
 
 Pure numpy, no controller state. ``Observation`` is what the trainer hands the controller after
-each step; ``straggler_events`` is the constrained event (DESIGN.md §5); ``counterfactual_risk``
-turns each observed group into P(event) for a group of any candidate size (docs/sagc.md).
+each step; ``straggler_events`` is the constrained event (DESIGN.md §5) and ``tail_share`` the
+continuous alternative (``sagc.straggler``, docs/results/sagc_straggler_definition.md);
+``counterfactual_risk`` / ``counterfactual_tail_share`` turn each observed group into the expected
+cost of a group of any candidate size (docs/sagc.md).
 """
 
 from __future__ import annotations
@@ -58,14 +60,39 @@ def straggler_events(
     return ev
 
 
-def step_straggler_rate(cfg: Any, obs: Observation) -> float:
-    """Fraction of the step's groups with a straggler event (the constrained quantity s_t).
+def tail_share(lengths: np.ndarray) -> np.ndarray:
+    """Tail share per group: ``(max L - median L) / max L``. lengths: [..., g] -> float [...].
 
-    ``cfg`` needs ``tau`` and ``count_truncated`` (an SAGCConfig)."""
+    The share of the group's decode steps run only for the rows longer than its median (what a
+    group-synchronous decode spends on its tail), in [0, 1). Truncation counts through length:
+    a row at the cap is long. Lengths below 1 count as 1 (an empty completion still takes its
+    EOS step).
+    """
+    lengths = np.maximum(np.asarray(lengths, dtype=np.float64), 1.0)
+    mx = lengths.max(-1)
+    return (mx - last_axis_median(lengths)) / mx
+
+
+def straggler_cost(cfg: Any, lengths: np.ndarray, truncated: np.ndarray) -> np.ndarray:
+    """Per-group straggler cost under ``cfg.straggler``. lengths/truncated [..., g] -> [...].
+
+    "group_ratio": the 0/1 event of ``straggler_events`` (tau, count_truncated);
+    "tail_share": the continuous ``tail_share`` (tau and count_truncated unused).
+    """
+    if getattr(cfg, "straggler", "group_ratio") == "tail_share":
+        return tail_share(lengths)
+    return straggler_events(lengths, truncated, cfg.tau, cfg.count_truncated).astype(np.float64)
+
+
+def step_straggler_rate(cfg: Any, obs: Observation) -> float:
+    """Mean straggler cost of the step's groups (the constrained quantity s_t): the fraction of
+    groups with an event ("group_ratio") or their mean tail share ("tail_share").
+
+    ``cfg`` needs ``straggler``, ``tau`` and ``count_truncated`` (an SAGCConfig)."""
     g = int(obs.group_size)
     lengths = np.asarray(obs.lengths).reshape(-1, g)
     truncated = np.asarray(obs.truncated, dtype=bool).reshape(-1, g)
-    return float(straggler_events(lengths, truncated, cfg.tau, cfg.count_truncated).mean())
+    return float(straggler_cost(cfg, lengths, truncated).mean())
 
 
 def hypergeom_none(n: int, k: np.ndarray, g: int) -> np.ndarray:
@@ -136,3 +163,37 @@ def counterfactual_risk(
         return ev
     # P(event) = 1 - P(no truncation among the extra rows) * P(no other event).
     return 1.0 - (1.0 - trunc_rate) ** extra * (1.0 - ev)
+
+
+def counterfactual_tail_share(
+    lengths: np.ndarray,
+    g: int,
+    *,
+    rng: np.random.Generator,
+    mc: int,
+    pool_eps: np.ndarray,
+    trunc_rate: float,
+    max_new_tokens: int,
+) -> np.ndarray:
+    """E[tail share] of a group of size g, estimated from each observed group. [P, G] -> [P].
+
+    g == G: exact; g < G: Monte-Carlo mean over ``mc`` uniform g-subsets of the group's rows;
+    g > G: each group extended by g - G "median x residual" model rows (as ``counterfactual_risk``),
+    each also sent to the cap with probability ``trunc_rate`` (a truncated row is a long one).
+    """
+    lengths = np.asarray(lengths, dtype=np.float64)
+    p_groups, big_g = lengths.shape
+    if g == big_g:
+        return tail_share(lengths)
+    if g < big_g:
+        idx = np.argsort(rng.random((mc, p_groups, big_g)), axis=-1)[..., :g]
+        sub = np.take_along_axis(np.broadcast_to(lengths, (*idx.shape[:-1], big_g)), idx, -1)
+        return tail_share(sub).mean(0)
+    extra = g - big_g
+    cap = float(max_new_tokens)
+    med = np.maximum(np.median(lengths, axis=-1), 1.0)
+    new_len = med[None, :, None] * pool_eps[rng.integers(0, len(pool_eps), (mc, p_groups, extra))]
+    new_tr = (new_len >= cap) | (rng.random(new_len.shape) < trunc_rate)
+    new_len = np.where(new_tr, cap, np.maximum(np.ceil(new_len), 1.0))
+    full = np.concatenate([np.broadcast_to(lengths, (mc, p_groups, big_g)), new_len], -1)
+    return tail_share(full).mean(0)

@@ -1,0 +1,34 @@
+"""Which test files name each ``sagc:`` field (issue 32's knob audit; a grep, so *named* is not
+*tested*). Prints a Markdown table: field | default | test files.
+
+Usage: PYTHONPATH=$PWD python scripts/sagc_knob_audit.py
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sagc_jax.config.sagc import SAGCConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pattern(name: str) -> re.Pattern[str]:
+    """``name=``, ``"name"`` / ``'name='``, ``cfg.name`` or ``sagc.name``."""
+    n = re.escape(name)
+    return re.compile(rf"(?<![\w.]){n}\s*=|[\"']{n}[\"'=]|sagc\.{n}\b|cfg\.{n}\b")
+
+
+def main() -> None:
+    tests = {p.name: p.read_text() for p in sorted((ROOT / "tests").glob("test_*.py"))}
+    print("| field | default | tests naming it |")
+    print("|---|---|---|")
+    for name, f in SAGCConfig.model_fields.items():
+        pat = pattern(name)
+        hit = [n for n, t in tests.items() if pat.search(t)]
+        print(f"| `{name}` | {f.default!r} | {', '.join(hit) or '**none**'} |")
+
+
+if __name__ == "__main__":
+    main()
