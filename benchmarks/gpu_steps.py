@@ -39,9 +39,9 @@ from sagc_jax.optim import make_optimizer
 from sagc_jax.parallel import make_mesh
 from sagc_jax.rl.packing import pack_batch
 from sagc_jax.sampling import Sampler, SamplingConfig
+from sagc_jax.shapes import ShapePlan
 from sagc_jax.train.learner import loss_settings
 from sagc_jax.train.packed import PackedSteps
-from sagc_jax.train.plan import ShapePlan
 from sagc_jax.train.state import init_opt_state
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -173,7 +173,7 @@ def check_one(overrides: list[str] | None, text: str | None, path: str) -> str:
     """Outcome of one case: 'ok' (a Config, its shape plan checked), 'error' (a one-line
     ConfigError); raises AssertionError for anything else (what the CLI would print as a
     traceback, or a multi-line message)."""
-    from sagc_jax.train.plan import ShapePlan
+    from sagc_jax.shapes import ShapePlan
 
     if text is not None:
         with open(path, "w", encoding="utf-8", errors="surrogatepass") as fh:
