@@ -61,7 +61,7 @@ class DryRunError(ValueError):
 def _tokenizer_check(path: str | None, model_path: str | None = None) -> tuple[str, int | None]:
     """(status, vocab length) of ``model.tokenizer`` (unset: a GGUF ``model.path``'s own
     tokenizer); loads only what exists locally."""
-    if path is None and is_gguf(model_path) and os.path.isfile(model_path):
+    if path is None and is_gguf(model_path):  # the file's own tokenizer (missing: unchecked)
         path = model_path
     if path is not None and not os.path.exists(path):
         return MISSING, None
