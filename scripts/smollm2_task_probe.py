@@ -74,6 +74,14 @@ CANDIDATES: dict[str, Candidate] = {
                                                  max_digits=2)),
     "word_reversal_3-4": Candidate("word_sequence_reversal", dict(min_words=3, max_words=4)),
     "gsm_symbolic": Candidate("gsm_symbolic", {}),
+    # One-digit operands: the easiest arithmetic the generators make.
+    "chain_sum_1d": Candidate("chain_sum", dict(min_terms=2, max_terms=2, min_digits=1,
+                                                max_digits=1)),
+    "basic_arith_1d": Candidate("basic_arithmetic", dict(
+        min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=("+",),
+        allow_parentheses=False, allow_negation=False)),
+    "products_1d": Candidate("products", dict(min_terms=2, max_terms=2, min_digits=1,
+                                              max_digits=1)),
 }
 
 
