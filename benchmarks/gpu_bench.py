@@ -1,35 +1,40 @@
-"""GPU benchmark: train-step MFU, decode tokens/s vs the HBM roofline, and a short SAGC run.
+"""One part of the prepared GPU benchmark (`benchmarks/gpu.sh` runs them in order, one process
+each, so a crash or a timeout loses only its own part). Each part writes its JSON to `--out` as
+soon as it has a result (decode rewrites it after every row count).
 
-    python benchmarks/gpu_bench.py [--out results.json]      # on an NVIDIA GPU (<= 8 min)
-    python benchmarks/gpu_bench.py --smoke                   # tiny shapes, runs on a CPU (CI)
+    python3 benchmarks/gpu_bench.py PART --out FILE [--cpu-smoke] [--peak-tflops T --peak-hbm-gbs B]
 
-Model: a randomly initialised Qwen2-0.5B-shaped decoder (vocab 151936, hidden 896, 24 layers,
-14 heads / 2 kv heads x 64, SwiGLU 4864, tied embeddings, q/k/v bias) in bfloat16 compute with
-float32 params, i.e. exactly what `configs/qwen2.5-0.5b_gsm8k_gpu.yaml` trains. No weights or
-tokenizer are needed.
+Parts:
+  env     the device, jax / package versions, the chip's peaks, and an import of every
+          `sagc_jax` module; exits 2 (one line) on a device whose peaks it does not know unless
+          both --peak-tflops and --peak-hbm-gbs are given. Runs first: a refusal costs seconds.
+  train   the PACKED GRPO train step (`train.packed.PackedSteps`, the path every real config
+          trains on) at the Qwen2.5-0.5B shape of configs/qwen2.5-0.5b_gsm8k_gpu.yaml (random
+          weights, bf16 compute, f32 params + AdamW, remat as the config): tokens/s and MFU
+          (`gpu_steps.py`).
+  decode  the prefix-sharing `Sampler` at 16 / 64 / 256 rows (16 prompts x G = 1 / 4 / 16, the
+          GPU config's prompts_per_step): ms per decode step, prefill seconds, and the fraction
+          of the HBM roofline, bytes = bf16 weights + the KV the step reads (`gpu_steps.py`).
+  timing  the linear time model fitted to decode's points, as the simulator's `timing:` block
+          and the trainer's `sagc.model_*` keys, then the simulator suite (configs/sim/*.yaml)
+          with it beside the default guesses (`gpu_timing.py`; no jax).
+  sagc    a short GRPO + SAGC run of configs/tiny_cpu.yaml with `sagc.timing=measured`: the
+          group sizes SAGC picks on the device's real timings, per step.
 
-1. Train step (the project's `CompiledSteps`, GRPO loss, AdamW, remat, micro-batches):
-   MFU = model FLOPs / step time / peak. Model FLOPs per token = 6 x matmul params (incl. the
-   LM head) + 12 x layers x seq x q_dim (attention scores and values, fwd + bwd; our attention
-   computes the full seq x seq block). Remat recompute is not counted (the usual convention).
-2. Decode (the project's `Sampler`, EOS disabled so every row runs `--new-tokens` steps) at
-   several row counts: tokens/s = rows x decode steps / decode seconds, against the HBM roofline
-   rows / (bytes per decode step / HBM bandwidth), bytes per step = bf16 weights (2 x params)
-   + the KV cache the step reads (rows x cache slots x kv bytes per token; the cache bucket is
-   read whole every step). Decode is memory-bound: tokens/s should grow ~linearly with rows
-   until the KV cache, not the weights, dominates the bytes.
-3. A short SAGC training run on the built-in arithmetic task (`configs/tiny_cpu.yaml` with
-   `sagc.timing=measured`): group sizes chosen, step seconds, compiles after warm-up (must be 0).
-
-Peaks come from the device kind (H200: 989 TFLOP/s bf16 dense, 4.8 TB/s) or --peak-tflops /
---hbm-tbps. Results print as a table and are written as JSON with --out.
+`--cpu-smoke` runs every part on tiny shapes on a CPU (the CI test `tests/test_gpu_smoke.py`):
+the same functions, the same JSON keys.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import pkgutil
+import platform
+import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,257 +43,251 @@ from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sagc_jax.models import ModelConfig, Transformer  # noqa: E402
-from sagc_jax.models.sharding import replicated, state_shardings  # noqa: E402
-from sagc_jax.parallel import make_mesh  # noqa: E402
-from sagc_jax.rl.train_step import LossSettings  # noqa: E402
-from sagc_jax.sampling import Sampler, SamplingConfig  # noqa: E402
-from sagc_jax.train.learner import CompiledSteps  # noqa: E402
-
-# device kind substring -> (bf16 dense FLOP/s, HBM bytes/s)
-PEAKS: dict[str, tuple[float, float]] = {
-    "H200": (989e12, 4.8e12),
-    "H100": (989e12, 3.35e12),
-    "A100": (312e12, 2.0e12),
-    "L4": (121e12, 0.3e12),
-}
-QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
-                 num_heads=14, num_kv_heads=2, head_dim=64)
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-            num_kv_heads=2, head_dim=16)
+# (device-kind pattern, bf16 dense FLOP/s, HBM bytes/s, source). Only chips whose exact part we
+# can tell from jax's device_kind (the CUDA device name): an H100 PCIe or an H200 NVL has other
+# figures, so they are refused rather than given an SXM part's peaks.
+#   H200 SXM: NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): BF16 tensor core
+#     1,979 TFLOP/s with sparsity = 989 dense; 4.8 TB/s HBM3e.
+#   H100 SXM: NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): 1,979 sparse = 989
+#     dense; 3.35 TB/s HBM3.
+#   A100 SXM4: NVIDIA A100 datasheet: BF16 312 TFLOP/s dense; 2,039 GB/s (80 GB), 1,555 GB/s
+#     (40 GB).
+PEAKS: tuple[tuple[str, float, float, str], ...] = (
+    (r"^NVIDIA H200$", 989e12, 4.8e12, "NVIDIA H200 SXM datasheet"),
+    (r"^NVIDIA H100 80GB HBM3$", 989e12, 3.35e12, "NVIDIA H100 SXM datasheet"),
+    (r"^NVIDIA A100-SXM4-80GB$", 312e12, 2.039e12, "NVIDIA A100 datasheet"),
+    (r"^NVIDIA A100-SXM4-40GB$", 312e12, 1.555e12, "NVIDIA A100 datasheet"),
+)
+PARTS = ("env", "train", "decode", "timing", "sagc")
 
 
-def model_config(smoke: bool) -> ModelConfig:
-    """Qwen2-0.5B shape (or a tiny one for --smoke), bf16 compute, remat on."""
-    return ModelConfig(model_type="qwen2", **(TINY if smoke else QWEN2_05B),
-                       rope_theta=1e6, max_position_embeddings=32768, tie_word_embeddings=True,
-                       qkv_bias=True, dtype="bfloat16", remat=True)
+class BenchError(Exception):
+    """A one-line reason a part cannot run (printed as `gpu_bench PART: error: ...`, exit 2)."""
 
 
-def matmul_params(cfg: ModelConfig) -> int:
-    """Parameters that take part in a matmul per token (all but the embedding gather + norms;
-    the tied LM head counts once)."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    attn = h * d * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    mlp = 3 * h * cfg.intermediate_size
-    return cfg.num_layers * (attn + mlp) + cfg.vocab_size * h
+def peaks_for(kind: str, peak_tflops: float | None, peak_hbm_gbs: float | None
+              ) -> dict[str, Any]:
+    """{"peak_flops", "peak_hbm_bps", "peaks_source"} of device kind `kind`; given values win.
+
+    Raises BenchError for a kind not in PEAKS unless both peaks are given: an MFU against a
+    guessed peak would be a made-up figure.
+    """
+    if (peak_tflops is None) != (peak_hbm_gbs is None):
+        raise BenchError("give both --peak-tflops and --peak-hbm-gbs, or neither")
+    if peak_tflops is not None and peak_hbm_gbs is not None:
+        if peak_tflops <= 0 or peak_hbm_gbs <= 0:
+            raise BenchError("--peak-tflops and --peak-hbm-gbs must be > 0")
+        return {"peak_flops": peak_tflops * 1e12, "peak_hbm_bps": peak_hbm_gbs * 1e9,
+                "peaks_source": "command line"}
+    for pattern, flops, bw, source in PEAKS:
+        if re.match(pattern, kind.strip()):
+            return {"peak_flops": flops, "peak_hbm_bps": bw, "peaks_source": source}
+    known = ", ".join(p.strip("^$") for p, *_ in PEAKS)
+    raise BenchError(f"unknown device {kind!r} (peaks known for: {known}); pass its bf16 dense "
+                     "peak and HBM bandwidth as --peak-tflops T --peak-hbm-gbs B")
 
 
-def train_flops_per_token(cfg: ModelConfig, seq: int) -> float:
-    """Model FLOPs (fwd + bwd) per trained token at sequence length ``seq``."""
-    return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * seq * cfg.num_heads * cfg.head_dim
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    """Writes `data` atomically (a part killed mid-write leaves the previous file whole)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    tmp.replace(path)
 
 
-def peaks(args: argparse.Namespace) -> tuple[str, float, float]:
-    """(device kind, peak FLOP/s per device, HBM bytes/s per device)."""
+def device_info(args: argparse.Namespace) -> dict[str, Any]:
+    """Device kind and count, and the peaks the measurements are judged against."""
+    import jax
+
     kind = jax.devices()[0].device_kind
-    flops, bw = next((v for k, v in PEAKS.items() if k.lower() in kind.lower()), (None, None))
-    if args.peak_tflops:
-        flops = args.peak_tflops * 1e12
-    if args.hbm_tbps:
-        bw = args.hbm_tbps * 1e12
-    if flops is None or bw is None:  # unknown device (e.g. the CPU smoke run): nominal values
-        flops, bw = flops or 1e12, bw or 1e11
-    return kind, flops, bw
-
-
-def _timed(fn, *args, repeats: int) -> tuple[float, Any]:
-    out = None
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / repeats, out
+    return {"device": kind, "platform": jax.default_backend(), "devices": jax.device_count(),
+            **peaks_for(kind, args.peak_tflops, args.peak_hbm_gbs)}
 
 
 # --------------------------------------------------------------------------------------------
-# 1. Train step
+# env
 # --------------------------------------------------------------------------------------------
 
 
-def bench_train(cfg: ModelConfig, *, rows: int, group: int, prompt_len: int, new_tokens: int,
-                micro_batch_rows: int, repeats: int, peak_flops: float) -> dict[str, Any]:
-    """MFU of the GRPO update on ``rows`` sequences of ``prompt_len + new_tokens`` tokens."""
-    mesh = make_mesh()
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
-    pshard = state_shardings(params, mesh)
-    params = jax.device_put(params, pshard)
-    optimizer = optax.adamw(1e-6)
-    # fsdp = tensor = 1 here, so params are replicated and the AdamW state can be too (a
-    # NamedSharding for every leaf: a SingleDeviceSharding scalar would recompile on call 2).
-    oshard = jax.tree.map(lambda _: replicated(mesh), optimizer.init(params))
-    opt_state = jax.device_put(optimizer.init(params), oshard)
-    steps = CompiledSteps(graphdef, optimizer, LossSettings(max_tokens=new_tokens), mesh, pshard,
-                          oshard, micro_batch_rows)
-    seq = prompt_len + new_tokens
-    rng = np.random.default_rng(0)
-    batch = {
-        "tokens": rng.integers(1, cfg.vocab_size, (rows, seq), dtype=np.int32),
-        "prompt_pad": np.zeros(rows, np.int32),
-        "lengths": np.full(rows, new_tokens, np.int32),
-        "old_logprobs": np.full((rows, new_tokens), -np.log(cfg.vocab_size), np.float32),
-        "ref_logprobs": np.zeros((rows, new_tokens), np.float32),
-        "rewards": rng.random(rows).astype(np.float32),
-        "group_ids": (np.arange(rows) // group).astype(np.int32),
-        "valid": np.ones(rows, bool), "loss_rows": np.ones(rows, bool),
-    }
-    shard = steps.batch_shardings(rows)
-    dev = {k: jax.device_put(v, shard[k]) for k, v in batch.items()}
-    fn = steps.train_fn(rows, rows // group, prompt_len)
-    t0 = time.perf_counter()
-    params, opt_state, m = fn(params, opt_state, dev)
-    jax.block_until_ready(m)
-    compile_s = time.perf_counter() - t0
-    params, opt_state, m = fn(params, opt_state, dev)  # one untimed step after the compile
-    jax.block_until_ready(m)
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        params, opt_state, m = fn(params, opt_state, dev)
-    jax.block_until_ready(m)
-    step_s = (time.perf_counter() - t0) / repeats
-    flops = train_flops_per_token(cfg, seq) * rows * seq
-    n_dev = jax.device_count()
-    return {"rows": rows, "seq": seq, "micro_batch_rows": micro_batch_rows,
-            "compile_s": compile_s, "step_s": step_s, "tokens_per_s": rows * seq / step_s,
-            "model_tflops": flops / 1e12, "tflops_per_s": flops / step_s / 1e12,
-            "mfu": flops / step_s / (peak_flops * n_dev), "loss": float(m["loss"])}
+def import_all() -> dict[str, str]:
+    """{module: error} for every `sagc_jax` module that fails to import (empty = all fine)."""
+    import sagc_jax
+
+    failed = {}
+    for m in pkgutil.walk_packages(sagc_jax.__path__, "sagc_jax."):
+        try:
+            importlib.import_module(m.name)
+        except Exception as e:  # report every failure, whatever it is
+            failed[m.name] = f"{type(e).__name__}: {e}"[:300]
+    return failed
 
 
-# --------------------------------------------------------------------------------------------
-# 2. Decode
-# --------------------------------------------------------------------------------------------
+def _versions() -> dict[str, str]:
+    from importlib import metadata
 
-
-def bench_decode(cfg: ModelConfig, *, rows_list: list[int], group: int, prompt_len: int,
-                 new_tokens: int, decode_chunk: int, hbm_bw: float) -> list[dict[str, Any]]:
-    """Decode tokens/s per row count vs the HBM roofline (EOS disabled: full-length rows)."""
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    kv_tok = cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * jnp.dtype(cfg.dtype).itemsize
-    out = []
-    rng = np.random.default_rng(0)
-    for rows in rows_list:
-        p = rows // group
-        sampler = Sampler(model, SamplingConfig(
-            group_sizes=(group,), prompts_per_step=p, prompt_buckets=(prompt_len,),
-            max_new_tokens=new_tokens, decode_chunk=decode_chunk), pad_id=0, eos_ids=(),
-            mesh=make_mesh())
-        prompts = [rng.integers(1, cfg.vocab_size, prompt_len).tolist() for _ in range(p)]
-        t0 = time.perf_counter()
-        sampler.generate(prompts, group_size=group, key=jax.random.key(0))  # compile
-        compile_s = time.perf_counter() - t0
-        res = sampler.generate(prompts, group_size=group, key=jax.random.key(1))
-        st = res.stats
-        cache = st.cache_bucket
-        step_bytes = 2 * n_params + rows * cache * kv_tok
-        roof_step_s = step_bytes / hbm_bw
-        measured = rows * st.decode_steps / st.decode_s
-        roof = rows / roof_step_s
-        out.append({"rows": rows, "prompts": p, "cache_bucket": cache,
-                    "decode_steps": st.decode_steps, "decode_s": st.decode_s,
-                    "prefill_s": st.prefill_s, "compile_s": compile_s,
-                    "step_ms": 1e3 * st.decode_s / st.decode_steps,
-                    "tokens_per_s": measured, "roofline_tokens_per_s": roof,
-                    "roofline_frac": measured / roof, "bytes_per_step": step_bytes})
+    out = {"python": platform.python_version()}
+    for name in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax",
+                 "orbax-checkpoint", "transformers", "pydantic", "grain", "tensorboardX",
+                 "typing_extensions", "numpy", "protobuf"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "missing"
     return out
 
 
+def _target_modules() -> dict[str, bool]:
+    """{top-level module of the wheel folder (GPU_SITE): importable} for the installed wheels."""
+    site = os.environ.get("GPU_SITE")
+    if not site or not Path(site).is_dir():
+        return {}
+    names = sorted({p.name.removesuffix(".py") for p in Path(site).iterdir()
+                    if not p.name.endswith((".dist-info", ".data")) and p.name not in
+                    ("bin", "__pycache__") and (p.is_dir() or p.suffix == ".py")})
+    ok = {}
+    for n in names:
+        try:
+            importlib.import_module(n)
+            ok[n] = True
+        except Exception:  # a broken wheel: recorded, not fatal
+            ok[n] = False
+    return ok
+
+
+def part_env(args: argparse.Namespace) -> dict[str, Any]:
+    """Versions and device (written at once), the peaks (may refuse: then nothing else runs),
+    nvidia-smi and the import check."""
+    import jax
+
+    res: dict[str, Any] = {"versions": _versions(), "wheel_modules": _target_modules(),
+                           "device": jax.devices()[0].device_kind,
+                           "platform": jax.default_backend(), "devices": jax.device_count()}
+    write_json(args.out, res)  # before the peaks check: a refusal still records the device
+    res.update(peaks_for(res["device"], args.peak_tflops, args.peak_hbm_gbs))
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,"
+                              "clocks.max.sm", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+        res["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        res["nvidia_smi"] = f"unavailable: {e}"
+    res["import_failures"] = import_all()
+    return res
+
+
 # --------------------------------------------------------------------------------------------
-# 3. Short SAGC run
+# sagc: a short GRPO run with measured timings
 # --------------------------------------------------------------------------------------------
 
 
-def run_sagc(*, steps: int, smoke: bool, run_dir: str) -> dict[str, Any]:
-    """A few GRPO+SAGC steps of configs/tiny_cpu.yaml with measured timings."""
+_STEP_KEYS = ("step", "group_size", "rows", "step_s", "prefill_s", "decode_s", "decode_steps",
+              "straggler_rate", "sagc_reason", "sagc_queue", "reward_mean", "truncated_frac",
+              "len_mean", "len_max", "compiles")
+
+
+def sagc_overrides(smoke: bool, steps: int, run_dir: str) -> list[str]:
+    """configs/tiny_cpu.yaml overrides: measured timings, no eval/checkpoints/plots."""
+    out = [f"run.dir={run_dir}", f"run.steps={steps}", "run.progress=false", "run.plots=false",
+           "run.eval_every=0", "checkpoint.every=0", "checkpoint.async_save=false",
+           "sagc.timing=measured", "sagc.warmup_steps=2"]
+    if smoke:
+        # One layer and one packed chunk size: the fewest compiles the same path can take.
+        return [*out, "model.hidden_size=32", "model.intermediate_size=64",
+                "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+                "data.task=arith_short", "data.prompts_per_step=2", "sagc.group_sizes=[2,4]",
+                "sagc.initial_group_size=2", "sampling.max_new_tokens=8",
+                "sampling.prompt_buckets=[32]", "sampling.decode_chunk=8",
+                "algo.pack_chunk_rows=[8]", "init.sft_steps=0"]
+    return [*out, "init.sft_steps=200", "model.dtype=bfloat16"]
+
+
+def part_sagc(args: argparse.Namespace) -> dict[str, Any]:
+    """`args.sagc_steps` GRPO steps; per step G, timings, SAGC's reason and the reward."""
     from sagc_jax.config import load_config
     from sagc_jax.metrics import read_jsonl
     from sagc_jax.train import train
 
-    overrides = [f"run.dir={run_dir}", f"run.steps={steps}", "run.progress=false",
-                 "run.plots=false", "run.eval_every=0", "checkpoint.every=0",
-                 "checkpoint.async_save=false", "sagc.timing=measured", "sagc.warmup_steps=2"]
-    if smoke:
-        overrides += ["model.hidden_size=32", "model.intermediate_size=64",
-                      "model.num_layers=2", "model.num_heads=2", "model.num_kv_heads=1",
-                      "data.task=arith_short", "data.prompts_per_step=2",
-                      "sagc.group_sizes=[2,4]", "sagc.initial_group_size=2",
-                      "sampling.max_new_tokens=8", "sampling.prompt_buckets=[32]",
-                      "sampling.decode_chunk=8", "init.sft_steps=0"]
-    else:
-        overrides += ["init.sft_steps=200", "model.dtype=bfloat16"]
-    cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", overrides)
-    t0 = time.perf_counter()
-    train(cfg, progress=False)
-    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
-    return {"steps": len(rows), "wall_s": time.perf_counter() - t0,
-            "group_sizes": [r["group_size"] for r in rows],
-            "step_s": [round(r["step_s"], 4) for r in rows],
-            "compiles_after_warmup": int(sum(r["compiles"] for r in rows)),
-            "straggler_rate": [r["straggler_rate"] for r in rows],
-            "reward_mean_last": rows[-1]["reward_mean"] if rows else None}
+    res = device_info(args)
+    steps = args.sagc_steps or (2 if args.cpu_smoke else 40)
+    with tempfile.TemporaryDirectory() as d:
+        run_dir = os.path.join(d, "run")
+        cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml",
+                          sagc_overrides(args.cpu_smoke, steps, run_dir))
+        timing: dict[str, float] = {}
+        t0 = time.perf_counter()
+        train(cfg, progress=False, timing=timing)
+        rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    res.update(
+        config="configs/tiny_cpu.yaml", steps=len(rows), wall_s=time.perf_counter() - t0,
+        startup_s=timing, group_sizes=[int(r["group_size"]) for r in rows],
+        compiles_after_warmup=int(sum(r.get("compiles", 0) for r in rows)),
+        per_step=[{k: r[k] for k in _STEP_KEYS if k in r} for r in rows])
+    return res
 
 
 # --------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--smoke", action="store_true", help="tiny shapes; runs on a CPU in seconds")
-    p.add_argument("--out", help="write the results as JSON here")
-    p.add_argument("--peak-tflops", type=float, help="override peak bf16 TFLOP/s per device")
-    p.add_argument("--hbm-tbps", type=float, help="override HBM TB/s per device")
-    p.add_argument("--sagc-steps", type=int, help="SAGC training steps (default 40; smoke 2)")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: train,decode,sagc")
-    args = p.parse_args(argv)
-    skip = set(filter(None, args.skip.split(",")))
-    kind, peak_flops, hbm_bw = peaks(args)
-    cfg = model_config(args.smoke)
-    s = args.smoke
-    results: dict[str, Any] = {
-        "device": kind, "devices": jax.device_count(), "peak_tflops": peak_flops / 1e12,
-        "hbm_tbps": hbm_bw / 1e12, "model": "tiny" if s else "qwen2-0.5b-shape",
-        "matmul_params": matmul_params(cfg)}
-    print(f"[gpu_bench] {kind} x{jax.device_count()}, peak {peak_flops / 1e12:.0f} TFLOP/s, "
-          f"{hbm_bw / 1e12:.2f} TB/s; model {results['model']}", flush=True)
-    if "train" not in skip:
-        results["train"] = bench_train(
-            cfg, rows=8 if s else 64, group=4 if s else 8, prompt_len=16 if s else 128,
-            new_tokens=16 if s else 512, micro_batch_rows=4 if s else 16,
-            repeats=2 if s else 5, peak_flops=peak_flops)
-        t = results["train"]
-        print(f"[train]  rows {t['rows']} x seq {t['seq']}: {t['step_s'] * 1e3:.1f} ms/step, "
-              f"{t['tflops_per_s']:.1f} TFLOP/s, MFU {100 * t['mfu']:.1f}% "
-              f"(compile {t['compile_s']:.1f} s)", flush=True)
-    if "decode" not in skip:
-        results["decode"] = bench_decode(
-            cfg, rows_list=[4, 8] if s else [16, 64, 256], group=4 if s else 16,
-            prompt_len=16 if s else 128, new_tokens=16 if s else 512,
-            decode_chunk=8 if s else 32, hbm_bw=hbm_bw)
-        for d in results["decode"]:
-            print(f"[decode] rows {d['rows']:4d}: {d['step_ms']:.2f} ms/step, "
-                  f"{d['tokens_per_s']:.0f} tok/s = {100 * d['roofline_frac']:.0f}% of the HBM "
-                  f"roofline {d['roofline_tokens_per_s']:.0f} tok/s", flush=True)
-    if "sagc" not in skip:
-        steps = args.sagc_steps or (2 if s else 40)
-        with tempfile.TemporaryDirectory() as d:
-            results["sagc"] = run_sagc(steps=steps, smoke=s, run_dir=os.path.join(d, "run"))
-        r = results["sagc"]
-        print(f"[sagc]   {r['steps']} steps in {r['wall_s']:.0f} s, G {r['group_sizes']}, "
-              f"compiles after warm-up {r['compiles_after_warmup']}", flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
+    p.add_argument("part", choices=PARTS)
+    p.add_argument("--out", required=True, help="this part's JSON")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes (CI, on a CPU)")
+    p.add_argument("--peak-tflops", type=float, help="bf16 dense TFLOP/s per device")
+    p.add_argument("--peak-hbm-gbs", type=float, help="HBM GB/s per device")
+    p.add_argument("--decode-json", help="timing: decode part's JSON (default: beside --out)")
+    p.add_argument("--sim-steps", type=int, help="timing: steps per simulation (default: each "
+                   "config's own; 20 with --cpu-smoke)")
+    p.add_argument("--sim-procs", type=int, help="timing: processes (default: CPUs, <= 16)")
+    p.add_argument("--sagc-steps", type=int, help="sagc: GRPO steps (default 40; smoke 2)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        if args.part == "env":
+            res = part_env(args)
+        elif args.part == "train":
+            from gpu_steps import part_train
+
+            res = part_train(args, device_info(args))
+        elif args.part == "decode":
+            from gpu_steps import part_decode
+
+            res = part_decode(args, device_info(args), lambda r: write_json(args.out, r))
+        elif args.part == "timing":
+            from gpu_timing import part_timing
+
+            res = part_timing(args, lambda r: write_json(args.out, r))
+        else:
+            res = part_sagc(args)
+    except BenchError as e:
+        print(f"gpu_bench {args.part}: error: {e}", file=sys.stderr)
+        return 2
+    res["part_s"] = time.perf_counter() - t0
+    res["smoke"] = bool(args.cpu_smoke)
+    write_json(args.out, res)
+    print(f"[{args.part}] {json.dumps(summary(args.part, res))}", flush=True)
     return 0
+
+
+def summary(part: str, res: dict[str, Any]) -> dict[str, Any]:
+    """The few numbers of a part worth a log line."""
+    keys = {"env": ("device", "versions", "import_failures"),
+            "train": ("tokens_per_s", "mfu", "step_s", "compile_s"),
+            "decode": ("points",), "timing": ("timing", "fit_max_rel_err"),
+            "sagc": ("group_sizes", "compiles_after_warmup", "wall_s")}[part]
+    out = {k: res.get(k) for k in keys}
+    if part == "decode":
+        out["points"] = [{k: p[k] for k in ("rows", "step_ms", "roofline_frac")}
+                         for p in res.get("points", [])]
+    return out
 
 
 if __name__ == "__main__":

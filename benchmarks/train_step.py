@@ -38,9 +38,9 @@ from sagc_jax.optim import make_optimizer
 from sagc_jax.parallel import make_mesh
 from sagc_jax.rl.packing import pack_batch
 from sagc_jax.rl.train_step import BATCH_FIELDS
+from sagc_jax.shapes import ShapePlan, bucket
 from sagc_jax.train.learner import CompiledSteps, loss_settings
 from sagc_jax.train.packed import PackedSteps
-from sagc_jax.train.plan import ShapePlan, bucket
 from sagc_jax.train.state import init_opt_state
 
 

@@ -3,6 +3,10 @@
 # `mesh.data: -1` spreads the batch over them (plain data parallel; set mesh.fsdp to shard the
 # params too). No jax.distributed needed on one host.
 #
+# Needs a CUDA build of jax (the package's default is the CPU one):
+#   pip install -e '.[cuda]'     # = jax[cuda13]; '.[cuda12]' on a driver too old for CUDA 13
+# then runs the installed `sagc-jax train` (else `$PYTHON -m sagc_jax.cli` from the repo).
+#
 #   launch/gpu.sh CONFIG [ARGS ...]
 #
 #   CONFIG   e.g. configs/qwen2.5-0.5b_gsm8k_gpu.yaml
@@ -21,13 +25,14 @@
 #   JAX_COMPILATION_CACHE_DIR      [~/.cache/sagc-jax/jax]  persistent compile cache: a restart
 #                                          skips the start-up compiles of the shape set
 #   XLA_FLAGS                      [unset] passed through (e.g. --xla_dump_to=/tmp/dump)
-#   DRY_RUN                        [0]     1 = python -m sagc_jax.dryrun on this machine's GPUs
+#   DRY_RUN                        [0]     1 = $PYTHON -m sagc_jax.dryrun on this machine's GPUs
+#   PYTHON                         [python3]  the interpreter of the dry run / module fallback
 #   SAGC_JAX                       [sagc-jax]  the CLI to run
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
   [[ $# -lt 1 ]] && exit 2 || exit 0
 fi
 config=$1
@@ -47,7 +52,7 @@ else
 fi
 
 if [[ ${DRY_RUN:-0} == 1 ]]; then
-  exec python -m sagc_jax.dryrun --config "$config" "$@"
+  exec "${PYTHON:-python3}" -m sagc_jax.dryrun --config "$config" "$@"
 fi
 resolve_cli
 exec "${cli[@]}" train --config "$config" "$@"

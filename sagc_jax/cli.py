@@ -40,28 +40,13 @@ def _train(argv: list[str]) -> int:
         print(f"sagc-jax train: distributed error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from sagc_jax.dryrun import DryRunError, dry_run, fake_pod_size, format_report
+        from sagc_jax.dryrun import run_dry_run
 
-        fake = fake_pod_size(cfg, args.devices)
-        if fake is not None:
-            from sagc_jax.fakepod import run_with_devices
-
-            print(f"sagc-jax train: dry run on {fake} fake CPU devices", file=sys.stderr)
-            extra = [] if args.compile is None else ["--compile" if args.compile
-                                                     else "--no-compile"]
-            return run_with_devices(fake, "sagc_jax.dryrun", [
-                *(["--config", args.config] if args.config else []), "--devices", str(fake),
-                *extra, *args.overrides])
-        try:
-            report = dry_run(cfg, compile=args.compile)
-        except DryRunError as e:
-            print(f"sagc-jax train: dry run: {e}", file=sys.stderr)
-            return 2
-        import jax
-
-        if jax.process_index() == 0:
-            print(format_report(report))
-        return 0 if report["ok"] else 1
+        child = [*(["--config", args.config] if args.config else []),
+                 *([] if args.compile is None else ["--compile" if args.compile
+                                                    else "--no-compile"]), *args.overrides]
+        return run_dry_run(cfg, child, devices=args.devices, compile=args.compile,
+                           prog="sagc-jax train")
     from sagc_jax.errors import Interrupted
     from sagc_jax.train import train
 
@@ -403,51 +388,6 @@ def _compare(argv: list[str]) -> int:
         print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
         return 1
     return 0
-
-
-def dry_run_main(argv: list[str] | None = None) -> int:
-    """``python -m sagc_jax.dryrun --config FILE [--devices N] [key=value ...]``."""
-    p = argparse.ArgumentParser(
-        prog="python -m sagc_jax.dryrun",
-        description="Dry run: validate a config against a mesh and size per-device memory, "
-                    "with no weights.")
-    p.add_argument("--config", help="YAML config file")
-    p.add_argument("--devices", type=int,
-                   help="re-run on N fake CPU devices (a subprocess), so the programs are "
-                   "compiled on the target mesh (default: the config's mesh size when it is "
-                   "fixed and differs from this machine's)")
-    p.add_argument("--num-devices", type=int,
-                   help="size for N devices without having them (estimate only)")
-    p.add_argument("--num-processes", type=int, help="target host count")
-    p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile the largest shapes for XLA's memory plan (default: models up "
-                   "to 2B params)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-    args = p.parse_intermixed_args(argv)
-    import json
-
-    from sagc_jax.config import ConfigError, load_config
-    from sagc_jax.dryrun import DryRunError, dry_run, fake_pod_size, format_report
-
-    try:
-        cfg = load_config(args.config, args.overrides)
-        fake = None if args.num_devices is not None else fake_pod_size(cfg, args.devices)
-        if fake is not None:
-            from sagc_jax.fakepod import run_with_devices
-
-            print(f"dry run: re-running on {fake} fake CPU devices", file=sys.stderr)
-            return run_with_devices(fake, "sagc_jax.dryrun",
-                                    list(sys.argv[1:] if argv is None else argv))
-        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
-        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
-                         device_memory_bytes=mem, compile=args.compile)
-    except (ConfigError, DryRunError, ValueError) as e:
-        print(f"dry run: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=1) if args.json else format_report(report))
-    return 0 if report["ok"] else 1
 
 
 COMMANDS = {

@@ -119,10 +119,11 @@ def train_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *,
 
 def _sampler_programs(cfg: Any, mcfg: ModelConfig, mesh: Mesh, plan: Any, g: int,
                       lp: int) -> list[ProgramMemory]:
+    from sagc_jax.sampling import SamplingConfig
     from sagc_jax.sampling.sampler import Sampler
 
     model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
-    sampler = Sampler(model, plan.sampling_config(cfg), pad_id=0, mesh=mesh)
+    sampler = Sampler(model, SamplingConfig.from_plan(plan, cfg.sampling), pad_id=0, mesh=mesh)
     shape = next(x for x in sampler.shapes if (x.group_size, x.prompt_bucket) == (g, lp))
     desc = f"G={g} rows={shape.rows} Lp={lp} cache={shape.cache_bucket}"
     return [_measure(name, desc, lambda fn=fn, args=args, kw=kw: fn.lower(*args, **kw))
@@ -137,7 +138,7 @@ def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, plan: Any) -> di
       cfg: the run config (``sampling``, ``algo``, ``optim``, ``run.steps``).
       mcfg: the architecture (its ``param_dtype`` / ``remat`` apply).
       mesh: a concrete mesh (fake CPU devices are fine).
-      plan: the run's ``train.plan.ShapePlan`` (G -> prompts, buckets, micro-batches).
+      plan: the run's ``shapes.ShapePlan`` (G -> prompts, buckets, micro-batches).
 
     Returns:
       ``{"programs": [ProgramMemory.as_dict()...], "opt_state", "params", "train_peak",

@@ -18,6 +18,7 @@ missing)``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -35,11 +36,11 @@ from sagc_jax.config.schema import LoRASection
 from sagc_jax.memory_estimate import MemoryInputs, activation_bytes, estimate, option_effects
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.build import model_config, with_lora
+from sagc_jax.models.gguf import is_gguf
 from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
-from sagc_jax.sampling.buckets import cache_bucket_for
-from sagc_jax.train.plan import ShapePlan
+from sagc_jax.shapes import ShapePlan
 
 __all__ = ["DryRunError", "dry_run", "format_report", "main", "model_config_for"]
 
@@ -56,8 +57,11 @@ class DryRunError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
-def _tokenizer_check(path: str | None) -> tuple[str, int | None]:
-    """(status, vocab length) of ``model.tokenizer``; loads only what exists locally."""
+def _tokenizer_check(path: str | None, model_path: str | None = None) -> tuple[str, int | None]:
+    """(status, vocab length) of ``model.tokenizer`` (unset: a GGUF ``model.path``'s own
+    tokenizer); loads only what exists locally."""
+    if path is None and is_gguf(model_path) and os.path.isfile(model_path):
+        path = model_path
     if path is not None and not os.path.exists(path):
         return MISSING, None
     if path is not None and os.path.isdir(path) and not any(
@@ -76,10 +80,16 @@ def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelC
     """The architecture the trainer would build (`models.build.model_config`), and where it
     came from. ``model.path`` with a ``config.json``: that file only (no weights). Otherwise
     ``model.preset`` (a shipped architecture, ``sagc_jax/models/presets``), so a config whose
-    ``model.path`` is a placeholder still dry-runs. Fresh model: the ``model.*`` fields with
+    ``model.path`` is a placeholder still dry-runs. A ``.gguf`` ``model.path``: its metadata.
+    Fresh model: the ``model.*`` fields with
     ``vocab_size`` (the tokenizer's length, which the caller supplies).
     """
     m = cfg.model
+    if is_gguf(m.path) and os.path.isfile(m.path):
+        try:  # the file's metadata only: no tensor is read
+            return model_config(cfg, vocab_size), f"gguf {m.path}"
+        except (OSError, ValueError) as e:
+            raise DryRunError(f"model.path: {e}") from None
     cfg_file = os.path.join(m.path, "config.json") if m.path is not None else None
     if cfg_file is not None and os.path.isfile(cfg_file):
         try:
@@ -190,6 +200,20 @@ def _check_paths(cfg: Config) -> dict[str, str]:
 
         out["data.task"] = ("ok" if d.task in TASKS
                             else f"error: unknown task (built-ins: {', '.join(sorted(TASKS))})")
+        if d.task in TASKS:  # the options, e.g. reasoning-gym dataset names and settings
+            from sagc_jax.data.pipeline import task_options
+            from sagc_jax.data.tasks import get_task
+
+            try:
+                get_task(d.task, **task_options(d))
+                if d.task_options:
+                    out["data.task_options"] = "ok"
+            except ValueError as e:  # "data.task_options.x: why" or "unknown key ..."
+                msg = str(e).splitlines()[0]
+                key, sep, why = msg.partition(": ")
+                if not (sep and key.startswith("data.task_options")):
+                    key, why = "data.task_options", msg
+                out[key] = f"error: {why}"
     for key, path in (("data.train_file", d.train_file), ("data.eval_file", d.eval_file)):
         if path is not None:
             out[key] = f"exists ({os.path.getsize(path)} bytes)" if os.path.isfile(path) \
@@ -246,7 +270,7 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     batch_ways = _ways(mesh, BATCH_AXES)
 
     # ---- model, tokenizer, data paths ------------------------------------------------------
-    tok_status, tok_len = _tokenizer_check(cfg.model.tokenizer)
+    tok_status, tok_len = _tokenizer_check(cfg.model.tokenizer, cfg.model.path)
     checks = {"model.tokenizer": tok_status, **_check_paths(cfg)}
     mcfg, source = model_config_for(cfg, tok_len)
     if tok_len is not None and tok_len > mcfg.vocab_size:
@@ -367,19 +391,11 @@ def fake_pod_size(cfg: Config, devices: int | None) -> int | None:
 
 def _plan(cfg: Config, batch_ways: int, num_processes: int) -> tuple[ShapePlan, list[str]]:
     """The run's ShapePlan over the rungs whose prompt count is valid, and the others' errors."""
-    from sagc_jax.sagc import prompts_for
-
-    errors, ok = [], []
-    for g in cfg.sagc.group_sizes:
-        try:
-            prompts_for(cfg.sagc, g, cfg.data.prompts_per_step)
-            ok.append(g)
-        except ValueError as e:
-            errors.append(str(e))
+    ok, errors = ShapePlan.rungs(cfg)
     if not ok:
         raise DryRunError("; ".join(errors) or "no group sizes")
     return ShapePlan.from_config(cfg, batch_ways=batch_ways, num_processes=num_processes,
-                                 group_sizes=tuple(ok)), errors
+                                 group_sizes=ok), errors
 
 
 def _row_shards(plan: ShapePlan, rows: int) -> int:
@@ -388,19 +404,17 @@ def _row_shards(plan: ShapePlan, rows: int) -> int:
 
 def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig, kv_tok: int) -> list[dict[str, Any]]:
     """Every (G, prompt bucket) sampler program with its per-device KV cache and logits bytes."""
+    try:
+        shapes = plan.sampler_shapes()
+    except ValueError as e:
+        raise DryRunError(f"sampling.cache_buckets: {e}") from None
     out = []
-    for g, p in plan.prompts_per_g.items():
-        rows = p * g
-        per_dev = math.ceil(rows / _row_shards(plan, rows))
-        for lp in plan.prompt_buckets:
-            try:
-                cache = cache_bucket_for(lp, plan)
-            except ValueError as e:
-                raise DryRunError(f"sampling.cache_buckets: {e}") from None
-            out.append({"group_size": g, "prompts": p, "rows": rows, "prompt_bucket": lp,
-                        "cache_bucket": cache, "rows_per_device": per_dev,
-                        "kv_cache_bytes": per_dev * cache * kv_tok,
-                        "decode_logits_bytes": per_dev * mcfg.vocab_size * 4})
+    for s in shapes:
+        per_dev = math.ceil(s.rows / _row_shards(plan, s.rows))
+        out.append({"group_size": s.group_size, "prompts": s.prompts, "rows": s.rows,
+                    "prompt_bucket": s.prompt_bucket, "cache_bucket": s.cache_bucket,
+                    "rows_per_device": per_dev, "kv_cache_bytes": per_dev * s.cache_bucket * kv_tok,
+                    "decode_logits_bytes": per_dev * mcfg.vocab_size * 4})
     return out
 
 
@@ -512,12 +526,89 @@ def _memory_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m sagc_jax.dryrun --config FILE [--num-devices N] [key=value ...]`` (arguments
-    and exit codes live in `sagc_jax.cli`)."""
-    from sagc_jax.cli import dry_run_main
+def _on_fake_pod(cfg: Config, devices: int | None, argv: list[str], note: str, *,
+                 pass_devices: bool = False) -> int | None:
+    """The one fake-pod dispatch: re-runs ``python -m sagc_jax.dryrun argv`` (plus
+    ``--devices N`` with `pass_devices`) on the N devices :func:`fake_pod_size` asks for and
+    returns its exit code (``note`` on stderr, ``{n}`` = N); None when the dry run belongs in
+    this process."""
+    from sagc_jax.fakepod import run_with_devices
 
-    return dry_run_main(argv)
+    fake = fake_pod_size(cfg, devices)
+    if fake is None:
+        return None
+    print(note.format(n=fake), file=sys.stderr)
+    extra = ["--devices", str(fake)] if pass_devices else []
+    return run_with_devices(fake, "sagc_jax.dryrun", [*argv, *extra])
+
+
+def run_dry_run(cfg: Config, child_argv: list[str], *, devices: int | None,
+                compile: bool | None, prog: str) -> int:
+    """``sagc-jax train --dry-run``: the report, or the dry-run command re-run on a fake pod.
+
+    ``child_argv`` are the arguments :func:`main` gets in that subprocess (``--devices N`` is
+    appended); the report is printed on process 0 only. Exit code 0 ok, 1 errors, 2 bad input.
+    """
+    rc = _on_fake_pod(cfg, devices, child_argv, prog + ": dry run on {n} fake CPU devices",
+                      pass_devices=True)
+    if rc is not None:
+        return rc
+    try:
+        report = dry_run(cfg, compile=compile)
+    except DryRunError as e:
+        print(f"{prog}: dry run: {e}", file=sys.stderr)
+        return 2
+    if jax.process_index() == 0:
+        print(format_report(report))
+    return 0 if report["ok"] else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    """Arguments of ``python -m sagc_jax.dryrun``."""
+    p = argparse.ArgumentParser(
+        prog="python -m sagc_jax.dryrun",
+        description="Dry run: validate a config against a mesh and size per-device memory, "
+                    "with no weights.")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--devices", type=int,
+                   help="re-run on N fake CPU devices (a subprocess), so the programs are "
+                   "compiled on the target mesh (default: the config's mesh size when it is "
+                   "fixed and differs from this machine's)")
+    p.add_argument("--num-devices", type=int,
+                   help="size for N devices without having them (estimate only)")
+    p.add_argument("--num-processes", type=int, help="target host count")
+    p.add_argument("--device-memory-gib", type=float, help="per-device memory to compare with")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the largest shapes for XLA's memory plan (default: models up "
+                   "to 2B params)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sagc_jax.dryrun --config FILE [--devices N] [key=value ...]``: exit code 0
+    ok, 1 errors in the report, 2 bad config or input."""
+    import json
+
+    from sagc_jax.config import load_config
+
+    args = _parser().parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.num_devices is None:  # --num-devices: an estimate here, no devices needed
+            own = list(sys.argv[1:] if argv is None else argv)
+            rc = _on_fake_pod(cfg, args.devices, own, "dry run: re-running on {n} fake CPU devices")
+            if rc is not None:
+                return rc
+        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
+        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
+                         device_memory_bytes=mem, compile=args.compile)
+    except (ConfigError, DryRunError, ValueError) as e:
+        print(f"dry run: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":

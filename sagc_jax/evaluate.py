@@ -292,7 +292,7 @@ def load_eval_examples(
     run config's eval split (`data.eval_file`, else the task's held-out split of
     `data.num_eval` problems). Raises `DataError` / `ValueError` naming what is wrong.
     """
-    from sagc_jax.data.pipeline import load_examples
+    from sagc_jax.data.pipeline import load_examples, task_options
     from sagc_jax.data.readers import DataError, read_examples
     from sagc_jax.data.tasks import TASKS, get_task
 
@@ -310,8 +310,8 @@ def load_eval_examples(
     elif data in TASKS:
         task = data
         if cfg is not None and cfg.data.task == data:  # same task options as the run
-            opts = {"min_steps": cfg.data.task_min_steps, "max_steps": cfg.data.task_max_steps}
-            examples = get_task(data, **opts).eval_examples(cfg.data.num_eval or None)
+            examples = get_task(data, **task_options(cfg.data)).eval_examples(
+                cfg.data.num_eval or None)
         else:
             examples = get_task(data).eval_examples()
     else:

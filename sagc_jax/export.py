@@ -7,7 +7,12 @@ generates from. The run's resolved config is copied as `sagc_jax_config.yaml`, s
 `sagc-jax eval` on the exported directory keeps the run's default eval data and rewards
 (transformers ignores the file). LoRA runs: `fmt="merged"` merges the adapters into the weights;
 `fmt="peft"` writes only the adapters as a PEFT adapter directory (`models/peft.py`) for the
-run's `model.path`.
+run's `model.path`, with the tokenizer files beside them.
+
+The tokenizer written is the one training encoded prompts with, its bos rule included
+(`data.tokenizer.set_prompt_rule`), plus its chat template; after writing, it is reloaded with
+`AutoTokenizer` and checked to encode probe prompts (chat-rendered too when the run had
+`data.chat_template`) exactly as training does.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import jax
 
 from sagc_jax.config import save_config
+from sagc_jax.data.tokenizer import check_saved_tokenizer, set_prompt_rule
 from sagc_jax.evaluate import CONFIG_IN_HF_DIR, load_policy
 from sagc_jax.models import save_pretrained
 from sagc_jax.models.peft import save_peft_adapter
@@ -43,7 +49,8 @@ def export(
       FileExistsError: `out` is the checkpoint itself, an existing file, or a directory that is
         not empty (unless `overwrite`).
       NoAdaptersError: `fmt="peft"` for a policy without LoRA adapters.
-      ValueError: an unknown `fmt`.
+      TokenizerError: the tokenizer cannot carry the bos rule in its files.
+      ValueError: an unknown `fmt`; the saved tokenizer does not encode as training did.
     """
     if fmt not in ("merged", "peft"):
         raise ValueError(f"export format must be 'merged' or 'peft', got {fmt!r}")
@@ -59,11 +66,16 @@ def export(
         raise FileExistsError(f"export directory {dest} exists and is not empty "
                               "(choose another --out or pass --force)")
     model, tok, cfg = load_policy(src, tokenizer=tokenizer)
+    set_prompt_rule(tok)  # a caller's tokenizer too: the files must say what training did
     if fmt == "peft":
         base = cfg.model.path if cfg is not None else None
         save_peft_adapter(model, dest, base_model=base)  # gathers everywhere, process 0 writes
-        return dest
-    save_pretrained(model, dest, tokenizer=tok)  # gathers on every process, process 0 writes
-    if jax.process_index() == 0 and cfg is not None:
-        save_config(cfg, dest / CONFIG_IN_HF_DIR)
+        if jax.process_index() == 0:
+            tok.save_pretrained(dest)
+    else:
+        save_pretrained(model, dest, tokenizer=tok)  # gathers on every process, process 0 writes
+        if jax.process_index() == 0 and cfg is not None:
+            save_config(cfg, dest / CONFIG_IN_HF_DIR)
+    if jax.process_index() == 0:
+        check_saved_tokenizer(tok, dest, chat_template=cfg is not None and cfg.data.chat_template)
     return dest

@@ -1,4 +1,4 @@
-"""What a run writes: metrics.jsonl, trace.jsonl, TensorBoard events and PNG plots.
+"""What a run writes: metrics.jsonl, trace.jsonl and TensorBoard events (plots: `plots.py`).
 
 Only process 0 writes (`enabled=False` elsewhere); every writer appends, so a resumed run
 continues the same files (rows past the restored step are dropped first, see `truncate_after`).
@@ -59,7 +59,7 @@ def _abandon_tensorboard(tb: Any) -> None:
 
 
 class RunWriter:
-    """Appends per-step metrics and per-group traces; TensorBoard scalars; plots at the end."""
+    """Appends per-step metrics and per-group traces; TensorBoard scalars."""
 
     def __init__(self, run_dir: str | os.PathLike, *, enabled: bool = True,
                  tensorboard: bool = True):
@@ -92,7 +92,8 @@ class RunWriter:
                 if isinstance(v, (int, float)) and k != "step":
                     self._tb.add_scalar(k, v, row["step"])
 
-    def close(self, plots: bool = True) -> None:
+    def close(self) -> None:
+        """Flushes and closes TensorBoard (the JSONL files are closed after every write)."""
         if not self.enabled:
             return
         if self._tb is not None:
@@ -103,10 +104,6 @@ class RunWriter:
             except OSError:
                 _abandon_tensorboard(tb)
                 raise
-        if plots:
-            from sagc_jax.plots import plot_run
-
-            plot_run(self.metrics_path, self.dir / "plots")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:

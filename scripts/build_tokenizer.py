@@ -4,7 +4,9 @@ The tokenizer is a ``tokenizers`` WordLevel model over single characters: every 
 character plus newline and tab is one token, so ``decode(encode(text)) == text`` exactly for any
 such text (the built-in ``arith`` task uses only digits, ``+ - = #``, space and newline). Special
 tokens: ``<pad>`` (id 0), ``<bos>`` (1), ``<eos>`` (2), ``<unk>`` (3, anything outside the
-alphabet). A minimal jinja chat template makes ``apply_chat_template`` work:
+alphabet). The tokenizer itself prepends ``<bos>`` (``add_bos_token``: a ``TemplateProcessing``
+post-processor in tokenizer.json), exactly as training encodes prompts, so ``tok(text)`` needs no
+help. A minimal jinja chat template makes ``apply_chat_template`` work:
 
     <bos>user: {content}\\nassistant: {content}<eos>... and, with add_generation_prompt,
     a trailing ``assistant: ``.
@@ -55,6 +57,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         eos_token="<eos>",
         unk_token="<unk>",
         clean_up_tokenization_spaces=False,
+        add_bos_token=True,  # the tokenizer itself prepends <bos>, as training does
+        add_eos_token=False,
         model_max_length=4096,
         padding_side="right",
     )
@@ -69,6 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     tok = build_tokenizer()
     assert tok.pad_token_id == 0 and tok.bos_token_id == 1 and tok.eos_token_id == 2
+    assert tok("a")["input_ids"] == [1, tok.convert_tokens_to_ids("a")]  # one bos, no eos
     args.out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(args.out))
     print(f"saved tokenizer (vocab {len(tok)}) to {args.out}")

@@ -171,3 +171,54 @@ def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], pat
         return _BUILT[kind]
 
     return get
+
+
+# ---- tokenizers: a model's own HF tokenizer, with a bos token (Llama) and without (Qwen2) ----
+
+#: Llama-2-style template: it emits the bos token itself (so a tokenizer that also added one
+#: would give two: exactly what must not happen).
+LLAMA_CHAT = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] "
+              "{{ m['content'] }} [/INST]{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}"
+              "{% endfor %}")
+#: ChatML (Qwen2): no bos anywhere.
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_hf_tokenizer(kind: str):
+    """A real transformers tokenizer class over single characters, built locally (no merges):
+    "llama": `LlamaTokenizer` (bos `<s>`, Metaspace, 98 tokens, fits TINY_SPECS["llama"]);
+    "qwen2": `Qwen2Tokenizer` (no bos, byte-level, ChatML tokens, 99 tokens, fits "qwen2")."""
+    from tokenizers import AddedToken, pre_tokenizers
+    from transformers import LlamaTokenizer, Qwen2Tokenizer
+
+    printable = [chr(c) for c in range(33, 127)]
+    if kind == "llama":
+        vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "\u2581": 3}
+        vocab.update({c: i + 4 for i, c in enumerate(printable)})
+        tok = LlamaTokenizer(vocab=vocab, merges=[])
+        tok.chat_template = LLAMA_CHAT
+        return tok
+    if kind == "qwen2":
+        byte_chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+        keep = [c for c in byte_chars if c in printable] + ["\u0120", "\u010a"]  # space, newline
+        vocab = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(keep)}}
+        tok = Qwen2Tokenizer(vocab=vocab, merges=[])
+        tok.add_special_tokens({"additional_special_tokens": [
+            AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)]})
+        tok.chat_template = CHATML
+        return tok
+    raise ValueError(f"unknown tokenizer kind {kind!r}")
+
+
+def pipeline_greedy(model: Any, prompts: list[str], max_new_tokens: int,
+                    tokenizer: Any = None) -> list[str]:
+    """Greedy completions from `transformers.pipeline("text-generation")` on `model` (an
+    exported directory, or a loaded model with `tokenizer`), one prompt per call (no padding),
+    the way a user would run it."""
+    import torch
+    from transformers import pipeline
+
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer, dtype=torch.float32)
+    return [pipe(p, max_new_tokens=max_new_tokens, do_sample=False, return_full_text=False)[0]
+            ["generated_text"] for p in prompts]

@@ -28,7 +28,6 @@ from sagc_jax.experiments import (
     time_to_target,
 )
 from sagc_jax.experiments.budget import (
-    TimeModel,
     checkpoint_at_or_before,
     cumulative_clock,
     cut_at_budget,
@@ -38,6 +37,7 @@ from sagc_jax.experiments.budget import (
     step_clock,
     tail_stats,
 )
+from sagc_jax.sagc.timing import TimeModel
 
 ROOT = Path(__file__).resolve().parent.parent
 

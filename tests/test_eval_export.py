@@ -22,6 +22,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from hf_fixtures import tiny_hf_dir  # noqa: F401  (session fixture)
 
 from sagc_jax import checkpoint as ckpt
 from sagc_jax.cli import main
@@ -343,3 +344,146 @@ def test_run_tokenizer_comes_from_the_model_dir_or_must_fit_it(hf_dir, tmp_path)
         load_run_tokenizer(str(missing), None)
     with pytest.raises(TokenizerError, match=f"model.tokenizer: no loadable tokenizer at {bare}"):
         load_run_tokenizer(str(bare), None)
+
+
+# ------------------------------------------------------- exported tokenizer == training's encoding
+
+
+def _training_ids(tok, prompts: list[str], chat: bool) -> list[list[int]]:
+    """The prompt ids the training pipeline yields for `prompts`."""
+    it = make_prompt_iterator([{"prompt": p} for p in prompts], tokenizer=tok, shuffle=False,
+                              num_epochs=1, chat_template=chat)
+    return [e["prompt_ids"].tolist() for e in it]
+
+
+def _exported_ids(export_dir, prompts: list[str], chat: bool) -> list[list[int]]:
+    """What a user gets from `AutoTokenizer.from_pretrained(export_dir)`."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(export_dir)
+    if chat:
+        return [list(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
+                                             add_generation_prompt=True, return_dict=False))
+                for p in prompts]
+    return [list(tok(p).input_ids) for p in prompts]
+
+
+HELD_OUT = [e["prompt"] for e in get_task("arith").eval_examples(20)]  # the main job's task
+
+
+def test_exported_builtin_tokenizer_encodes_as_training(run, hf_dir):
+    tok = load_tokenizer(None)
+    prompts = [*HELD_OUT, "2+6+7+2=", ""]
+    for chat in (False, True):
+        want = _training_ids(tok, prompts, chat)
+        assert _exported_ids(hf_dir, prompts, chat) == want
+        assert all(ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
+                   for ids in want)
+    assert tok.decode(want[20][1:]) == "user: 2+6+7+2=\nassistant: "
+    # A prompt that spells out the bos itself gets no second one in training (a plain
+    # transformers call on such text would add one: that is the tokenizer's documented rule).
+    assert _training_ids(tok, ["<bos>1+2="], False) == [tok("1+2=").input_ids]
+
+
+def _lively_run(root: pathlib.Path, lora: bool) -> pathlib.Path:
+    """A run dir (the `run` fixture's model) whose greedy text depends on every prompt token,
+    the bos included: the fresh init x 4 (the fixture's own params answer 's' * 16 to every
+    prompt, which could not tell a missing bos). With `lora`, rank-4 adapters with non-zero B
+    are the newest step, the base is `initial`: a LoRA run's layout."""
+    from sagc_jax.models.lora import split_trainable
+
+    cfg = config_from_dict({
+        "run": {"dir": str(root), "seed": 3},
+        "model": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,
+                  "num_kv_heads": 2, **({"lora": {"rank": 4, "alpha": 8.0}} if lora else {})},
+        "data": {"task": "arith"}, "checkpoint": {"async_save": False}})
+    save_config(cfg, root / "config.yaml")
+    tok = load_tokenizer(None)
+    model, mcfg = build_model(cfg, len(tok), tok, None)
+    _, params = nnx.split(model)
+    params = jax.tree.map(lambda x: x * 4.0, params)
+    saver = ckpt.RunCheckpointer(root / "checkpoints", every=1, keep=2, async_save=False)
+    saver.save_initial(params, mcfg)
+    if lora:
+        adapters, _ = split_trainable(params)
+        keys = iter(jax.random.split(jax.random.key(7), 64))
+        adapters = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape) * 0.3, adapters)
+        data_iter = make_prompt_iterator([{"prompt": "1+1=", "answer": "2"}], tokenizer=tok)
+        saver.save(1, ckpt.Snapshot(1, adapters, optax.adam(1e-3).init(adapters),
+                                    {"x": np.zeros(2)}, data_iter), force=True)
+        saver.wait()
+    return root
+
+
+def _greedy(model, tok, examples) -> list[str]:
+    """`sagc-jax eval`'s greedy completions (our sampler)."""
+    r = evaluate(model, tok, examples, reward_fns=[RewardFn.from_name("exact_answer")],
+                 num_samples=0, max_new_tokens=NEW, batch_prompts=10, decode_chunk=CHUNK,
+                 details=True)
+    return [p["greedy"] for p in r["per_prompt"]]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_pipeline_greedy_equals_our_sampler(lora, tmp_path):
+    """`pipeline("text-generation", model=export)` exactly as a user runs it == `sagc-jax
+    eval`'s greedy completions on the main job's held-out prompts; for a LoRA run also the PEFT
+    export loaded onto its base with `peft`. The bos comes from the exported files alone."""
+    from hf_fixtures import load_hf, pipeline_greedy
+    from transformers import AutoTokenizer
+
+    run_dir = _lively_run(tmp_path / "run", lora)
+    model, tok, _ = load_policy(run_dir)
+    examples = get_task("arith").eval_examples(len(HELD_OUT))
+    ours = _greedy(model, tok, examples)
+    assert len(ours) >= 20 and len(set(ours)) > 10
+    if not lora:  # without the bos this model says something else: a lost bos would show
+        no_bos = [{**e, "prompt_ids": tok(e["prompt"], add_special_tokens=False).input_ids}
+                  for e in examples]
+        assert sum(a != b for a, b in zip(ours, _greedy(model, tok, no_bos))) > 10
+    assert pipeline_greedy(str(export(run_dir, tmp_path / "hf")), HELD_OUT, NEW) == ours
+    if lora:
+        peft = pytest.importorskip("peft")
+        assert _greedy(load_policy(run_dir / "checkpoints" / "initial")[0], tok,
+                       examples) != ours  # the adapters matter
+        base = export(run_dir / "checkpoints" / "initial", tmp_path / "base")  # B = 0: the base
+        adapter = export(run_dir, tmp_path / "peft", fmt="peft")
+        on_base = peft.PeftModel.from_pretrained(load_hf(base), adapter).eval()
+        got = pipeline_greedy(on_base, HELD_OUT, NEW, tokenizer=AutoTokenizer.from_pretrained(
+            adapter))
+        assert got == ours
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_exported_hf_tokenizer_encodes_as_training(kind, tiny_hf_dir, tmp_path):  # noqa: F811
+    """A run on an HF model with its own tokenizer (Llama: bos `<s>`, whose chat template
+    emits it too; Qwen2: no bos) and `data.chat_template`, LoRA adapters on: the merged and the
+    PEFT export's tokenizers encode plain and chat prompts as training did, bos exactly once or
+    never."""
+    from hf_fixtures import build_hf_tokenizer
+
+    from sagc_jax.data.tokenizer import load_run_tokenizer
+
+    model_dir = tmp_path / "base"
+    shutil.copytree(tiny_hf_dir(kind), model_dir)
+    build_hf_tokenizer(kind).save_pretrained(model_dir)
+    cfg = config_from_dict({
+        "run": {"dir": str(tmp_path / "run")}, "model": {"path": str(model_dir),
+                                                        "lora": {"rank": 2}},
+        "data": {"task": "arith", "chat_template": True}, "checkpoint": {"async_save": False}})
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    tok = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)  # what the trainer calls
+    model, mcfg = build_model(cfg, len(tok), tok, None)
+    ckpt.RunCheckpointer(tmp_path / "run" / "checkpoints", every=1, keep=1,
+                         async_save=False).save_initial(nnx.split(model)[1], mcfg)
+    prompts = [*HELD_OUT[:5], "Hello, World!"]
+    for fmt in ("merged", "peft"):
+        out = export(tmp_path / "run", tmp_path / fmt, fmt=fmt)
+        for chat in (False, True):
+            want = _training_ids(tok, prompts, chat)
+            assert _exported_ids(out, prompts, chat) == want, (fmt, chat)
+            if kind == "llama":  # `<s>` = 1: first, and only once (the template emits it too)
+                assert all(ids[0] == 1 and ids.count(1) == 1 for ids in want), (fmt, chat)
+            else:
+                assert tok.bos_token_id is None and all(ids[0] != 0 for ids in want)
+                if not chat:
+                    assert want == [tok(p, add_special_tokens=False).input_ids for p in prompts]

@@ -205,7 +205,7 @@ def test_lora_run_trains_adapters_only_with_zero_compiles(lora_run, tmp_path):
     assert sorted(k[-1] for k in last) == sorted(
         t + s for t in LORA_TARGETS for s in ("_lora_a", "_lora_b"))
     assert all(not np.array_equal(last[k], first[k]) for k in last)  # adapters keep training
-    model, _, _ = load_policy(lora_run)
+    model, tok, _ = load_policy(lora_run)
     loaded = ocp.tree.to_flat_dict(jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model))))
     initial = ocp.tree.to_flat_dict(ocp.StandardCheckpointer().restore(
         lora_run / "checkpoints" / "initial"))
@@ -216,6 +216,15 @@ def test_lora_run_trains_adapters_only_with_zero_compiles(lora_run, tmp_path):
     conf = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert conf["r"] == 4 and conf["lora_alpha"] == 8.0 and conf["base_model_name_or_path"] is None
     assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
+    # Both exports carry the tokenizer training encoded with (its <bos> rule included).
+    from transformers import AutoTokenizer
+
+    from sagc_jax.data.tokenizer import encode_prompt
+
+    for d in ("hf", "peft"):
+        saved = AutoTokenizer.from_pretrained(tmp_path / d)
+        assert [saved(p).input_ids for p in ("2+6+7+2=", "9-3+5=")] == [
+            encode_prompt(tok, p) for p in ("2+6+7+2=", "9-3+5=")]
     ids = IDS % model.cfg.vocab_size
     np.testing.assert_allclose(hf_logits(load_hf(tmp_path / "hf"), ids), np.asarray(model(ids)),
                                rtol=0, atol=1e-4)

@@ -288,7 +288,7 @@ def test_learner_packed_equals_padded_with_kl_and_mu_2():
 
 def test_plan_declares_packing_shapes():
     from sagc_jax.config import load_config
-    from sagc_jax.train.plan import ShapePlan, default_chunk_rows
+    from sagc_jax.shapes import ShapePlan, default_chunk_rows
 
     assert default_chunk_rows(None, 1) == (8, 4, 2, 1)
     assert default_chunk_rows(None, 4) == (32, 16, 8, 4)

@@ -115,7 +115,8 @@ def test_resolve_reward():
         resolve_reward(f"{__name__}:missing")
     with pytest.raises(ValueError, match="'NOT_CALLABLE' is not callable"):
         resolve_reward(f"{__name__}:NOT_CALLABLE")
-    assert set(BUILTIN_REWARDS) == {"exact_answer", "gsm8k", "format"}
+    assert set(BUILTIN_REWARDS) == {"exact_answer", "gsm8k", "format", "math_verify",
+                                    "reasoning_gym", "reasoning_gym_strict"}
 
 
 def test_reward_module_in_the_current_directory(tmp_path, monkeypatch):

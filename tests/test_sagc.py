@@ -23,7 +23,6 @@ from sagc_jax.sagc import (
     prompts_for,
     straggler_events,
 )
-from sagc_jax.sagc.betaq import beta_quantile, betainc
 from sagc_jax.sagc.estimators import (
     benefit_per_prompt,
     benefit_rate,
@@ -33,6 +32,7 @@ from sagc_jax.sagc.estimators import (
     length_trend,
     pass_rate_beta,
     pass_rate_mixture,
+    posterior_risk,
     truncation_rate,
 )
 from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step
@@ -164,18 +164,14 @@ def test_model_extended_groups_count_as_less_evidence(power):
     np.testing.assert_allclose(n, 5 * np.array([1.0, 1.0, 0.5**power, 0.25**power]))
 
 
-def test_beta_quantile_closed_forms():
+def test_risk_quantile_is_the_beta_quantile():
+    """``risk: q90`` is the 0.9 quantile of the Beta posterior (closed forms where they exist)."""
     q = 0.9
-    np.testing.assert_allclose(beta_quantile(q, [1.0], [1.0]), [q], atol=1e-9)
-    np.testing.assert_allclose(beta_quantile(q, [3.0], [1.0]), [q ** (1 / 3)], atol=1e-9)
-    np.testing.assert_allclose(beta_quantile(q, [1.0], [4.0]), [1 - (1 - q) ** 0.25], atol=1e-9)
-    # Large pseudo-counts: CDF at the quantile is q, and q90 > mean.
-    a, b = np.array([3.0, 120.0, 900.0]), np.array([400.0, 1500.0, 40.0])
-    x = beta_quantile(q, a, b)
-    np.testing.assert_allclose(betainc(a, b, x), q, atol=1e-9)
-    assert (x > a / (a + b)).all()
-    # I_x(2, 3) in closed form.
-    assert betainc(2.0, 3.0, 0.4) == pytest.approx(1 - (0.6**4 + 4 * 0.4 * 0.6**3), abs=1e-12)
+    cfg = SAGCConfig(group_sizes=(4, 8, 12), initial_group_size=4, risk="q90", window_rows=64)
+    st = {"risk_a": np.array([0.5, 2.5, 0.5]), "risk_b": np.array([0.5, 0.5, 3.5])}  # + 0.5 prior
+    np.testing.assert_allclose(posterior_risk(cfg, st), [q, q ** (1 / 3), 1 - (1 - q) ** 0.25],
+                               atol=1e-9)
+    assert (posterior_risk(cfg, st) > posterior_risk(cfg, st, mean=True)).all()
 
 
 # ------------------------------------------------------------------ properties (simulated)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC_PARAMS = {
     "qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-7b": 7_615_616_512,
     "llama-3.2-1b": 1_235_814_400, "llama-3.2-3b": 3_212_749_824,
+    "smollm2-135m": 134_515_008,
 }
 
 
@@ -101,7 +102,7 @@ def tiny_run_cfg():
 
 def test_compiled_memory_of_the_real_programs(tiny_run_cfg):
     from sagc_jax.compiled_memory import compiled_memory
-    from sagc_jax.train.plan import ShapePlan
+    from sagc_jax.shapes import ShapePlan
 
     mcfg = dataclasses.replace(_tiny(), remat=True)
     out = {}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from sagc_jax.sagc.config import SAGCConfig
+from sagc_jax.config.sagc import SAGCConfig
 from sagc_jax.sagc.oracle import phase_bounds, solve_causal, solve_oracle
 from sagc_jax.sagc.simulate import (
     apply_overrides,

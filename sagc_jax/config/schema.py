@@ -1,14 +1,15 @@
 """The config schema: every section declared once, with defaults, docs and rules.
 
-The ``sagc:`` section is :class:`sagc_jax.sagc.config.SAGCConfig` (declared next to the
-controller it configures). Rules that involve one section live on it (``model_validator``);
-:class:`Config` holds only the rules that span sections. See :mod:`sagc_jax.config.load` for YAML
-and ``key=value`` overrides.
+The ``sagc:`` section is :class:`~sagc_jax.config.sagc.SAGCConfig` (its own module, read by
+the controller and the simulator). Rules that involve one section live on it
+(``model_validator``); :class:`Config` holds only the rules that span sections. See
+:mod:`sagc_jax.config.load` for YAML and ``key=value`` overrides.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import typing
 from collections.abc import Mapping
 from importlib import resources
@@ -19,7 +20,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from sagc_jax.config.base import Bool, Float, Int, Section, Str, field, rule_error
 from sagc_jax.config.errors import ConfigError, fmt
-from sagc_jax.sagc.config import SAGCConfig
+from sagc_jax.config.sagc import SAGCConfig
 
 __all__ = [
     "AlgoConfig",
@@ -112,10 +113,12 @@ class ModelSection(Section):
 
     section_key = "model"
     path: Str | None = field(
-        None, "HF model directory (config.json + safetensors); None = fresh random model."
+        None, "HF model directory (config.json + safetensors) or a .gguf file (weights, "
+        "tokenizer and chat template); None = fresh random model."
     )
     tokenizer: Str | None = field(
-        None, "HF tokenizer directory; None = built-in tokenizer shipped with the package."
+        None, "HF tokenizer directory or .gguf file; None = model.path's own tokenizer, else "
+        "the built-in tokenizer shipped with the package."
     )
     model_type: Literal["llama", "qwen2"] = field("llama", "Model family (fresh models only).")
     hidden_size: Int = field(128, "Residual width.", ge=1)
@@ -171,6 +174,17 @@ class ModelSection(Section):
         return self
 
 
+class _FrozenDict(dict):
+    """A dict that hashes by its JSON text, so sections holding one stay hashable."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=repr))
+
+
+def _frozen(value: dict[str, Any]) -> dict[str, Any]:
+    return _FrozenDict(value)
+
+
 class DataConfig(Section):
     """Prompt source: a built-in task or a JSONL/Parquet file."""
 
@@ -193,6 +207,12 @@ class DataConfig(Section):
         "often the warm-started policy rambles); None = the task's default (0.06).",
         ge=0,
         lt=1,
+    )
+    task_options: Annotated[dict[Str, Any], AfterValidator(_frozen)] | None = field(
+        None,
+        "Built-in task options for its factory, e.g. for task reasoning_gym {system_prompt: "
+        "default, datasets: {chain_sum: {weight: 1, min_terms: 2}}} (docs/tasks.md); checked "
+        "when the task is built.",
     )
     worker_count: Int = field(0, "grain worker processes; 0 = in-process.", ge=0)
     shards: Int | None = field(

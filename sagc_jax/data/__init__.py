@@ -11,15 +11,17 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     # tasks
-    "ArithSource": "tasks",
-    "Task": "tasks",
+    "ArithSource": "arith",
+    "LazySource": "task",
+    "Task": "task",
     "TASKS": "tasks",
-    "arith_example": "tasks",
-    "check_arith_solution": "tasks",
+    "arith_example": "arith",
+    "check_arith_solution": "arith",
     "get_task": "tasks",
-    "make_arith_examples": "tasks",
+    "make_arith_examples": "arith",
     "RambleSource": "ramble",
     "verify_ramble": "ramble",
+    "ReasoningGymSource": "reasoning_gym",
     # readers
     "DataError": "readers",
     "read_examples": "readers",

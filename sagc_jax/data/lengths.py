@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sagc_jax.data.readers import DataError
-from sagc_jax.data.tokenizer import encode_prompt
+from sagc_jax.data.tokenizer import encode_prompts
 
 __all__ = ["check_prompt_lengths", "prompt_lengths"]
 
@@ -23,16 +23,12 @@ _CHUNK = 4096
 def prompt_lengths(examples: Sequence[dict[str, Any]], tokenizer: Any,
                    chat_template: bool = False) -> list[int]:
     """Token length of each example's prompt exactly as the pipeline encodes it
-    (`encode_prompt`: chat template if set, a leading bos if the tokenizer has one)."""
+    (`encode_prompts`, the one encoder: chat template if set, the tokenizer's bos if it has
+    one)."""
     out: list[int] = []
-    bos = tokenizer.bos_token_id
     for start in range(0, len(examples), _CHUNK):
         texts = [examples[i]["prompt"] for i in range(start, min(start + _CHUNK, len(examples)))]
-        if chat_template:
-            out.extend(len(encode_prompt(tokenizer, t, True)) for t in texts)
-            continue
-        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-            out.append(len(ids) + int(bos is not None and (not ids or ids[0] != bos)))
+        out.extend(len(ids) for ids in encode_prompts(tokenizer, texts, chat_template))
     return out
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from sagc_jax.data.readers import DataError, read_examples
-from sagc_jax.data.tasks import get_task
+from sagc_jax.data.tasks import STEP_TASKS, get_task
 from sagc_jax.data.tokenizer import encode_prompt, encode_text
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "make_prompt_iterator",
     "make_sft_batches",
     "sft_example_ids",
+    "task_options",
 ]
 
 
@@ -257,6 +258,19 @@ def _cfg_get(cfg: Any, name: str, default: Any = None) -> Any:
     return default if val is _MISSING or val is None else val
 
 
+def task_options(data_cfg_like: Any) -> dict[str, Any]:
+    """Options for :func:`get_task` from a data config: ``task_options`` plus, for the
+    arithmetic tasks (:data:`~sagc_jax.data.tasks.STEP_TASKS`), ``task_min_steps`` /
+    ``task_max_steps`` / ``task_ramble_rate`` (an explicit ``task_options`` entry wins)."""
+    options = dict(_cfg_get(data_cfg_like, "task_options", {}))
+    if _cfg_get(data_cfg_like, "task") in STEP_TASKS:
+        for key, cast in (("min_steps", int), ("max_steps", int), ("ramble_rate", float)):
+            val = _cfg_get(data_cfg_like, f"task_{key}")
+            if val is not None:
+                options.setdefault(key, cast(val))
+    return options
+
+
 def load_examples(
     data_cfg_like: Any, split: str = "train", *, seed: int | None = None
 ) -> Sequence[dict[str, Any]]:
@@ -297,12 +311,7 @@ def load_examples(
     name = _cfg_get(cfg, "task")
     if name is None:
         raise DataError(f"no {split} data configured: set a built-in task or {split}_file")
-    options = dict(_cfg_get(cfg, "task_options", {}))
-    for key, cast in (("min_steps", int), ("max_steps", int), ("ramble_rate", float)):
-        val = _cfg_get(cfg, f"task_{key}")
-        if val is not None:
-            options.setdefault(key, cast(val))
-    task = get_task(name, **options)
+    task = get_task(name, **task_options(cfg))
     if split == "train":
         seed = int(seed if seed is not None else _cfg_get(cfg, "seed", 0))
         return task.train_examples(seed, _cfg_get(cfg, "num_train"))

@@ -41,19 +41,12 @@ pure function of ``(seed, i)``; train and eval prompts are split by the same sta
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
-from sagc_jax.data.tasks import (
-    _MAX_REDRAWS,
-    EVAL_SEED,
-    Task,
-    _draw,
-    check_arith_solution,
-    prompt_split,
-)
+from sagc_jax.data.arith import check_arith_solution, draw_chain
+from sagc_jax.data.task import EVAL_SEED, MAX_REDRAWS, LazySource, Task, prompt_split
 
 __all__ = [
     "ENDLESS_CHARS",
@@ -144,8 +137,8 @@ def ramble_example(
         raise ValueError(f"need 0 <= ramble_rate < 1, 0 <= endless_frac <= 1, mean_repeats >= 1;"
                          f" got {ramble_rate}, {endless_frac}, {mean_repeats}")
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(index), 0x7A3B])
-    for _ in range(_MAX_REDRAWS):
-        ex = _draw(rng, min_steps, max_steps, p_continue)
+    for _ in range(MAX_REDRAWS):
+        ex = draw_chain(rng, min_steps, max_steps, p_continue)
         if split == "all" or prompt_split(ex["prompt"]) == split:
             break
     else:  # pragma: no cover
@@ -158,42 +151,11 @@ def ramble_example(
     return ex
 
 
-class RambleSource(Sequence[dict[str, Any]]):
-    """Lazy random-access source of ramble examples (grain ``RandomAccessDataSource``)."""
+class RambleSource(LazySource):
+    """Lazy random-access source of ramble examples: ``src[i]`` is ``ramble_example(i, ...)``."""
 
     def __init__(self, n: int, seed: int, **options: Any) -> None:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        self._n = int(n)
-        self._kw = {"seed": int(seed), **options}
-        ramble_example(0, **self._kw)  # validate arguments eagerly
-
-    def __len__(self) -> int:
-        return self._n
-
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._n))]
-        index = int(index)
-        if index < 0:
-            index += self._n
-        if not 0 <= index < self._n:
-            raise IndexError(f"index {index} out of range for RambleSource of length {self._n}")
-        return ramble_example(index, **self._kw)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        for i in range(self._n):
-            yield ramble_example(i, **self._kw)
-
-    def __repr__(self) -> str:
-        kw = ", ".join(f"{k}={v!r}" for k, v in self._kw.items())
-        return f"RambleSource(n={self._n}, {kw})"
+        super().__init__(ramble_example, n, seed=int(seed), **options)
 
 
 def ramble_task(

@@ -5,6 +5,11 @@ Every tokenizer — the packaged char-level one or a Hugging Face model's — is
 The packaged asset (``sagc_jax/assets/tokenizer``, rebuilt by ``scripts/build_tokenizer.py``) is a
 character-level tokenizer over printable ASCII + newline/tab with ``<pad>`` = 0, ``<bos>`` = 1,
 ``<eos>`` = 2, ``<unk>`` = 3 and a minimal chat template.
+
+How a prompt becomes ids is decided once, on the tokenizer object (:func:`set_prompt_rule`: its
+bos token first if it has one, applied by :func:`load_tokenizer`), and read in one place
+(:func:`encode_prompts`) by training, eval and the length checks; export saves that same
+tokenizer, so ``AutoTokenizer.from_pretrained(export)(text)`` gives the ids training used.
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 __all__ = [
     "PACKAGED_TOKENIZER",
     "TokenizerError",
+    "check_saved_tokenizer",
     "decode_completion",
     "encode_prompt",
+    "encode_prompts",
     "encode_text",
     "load_run_tokenizer",
     "load_tokenizer",
     "packaged_tokenizer_dir",
+    "set_prompt_rule",
     "stop_ids",
 ]
 
@@ -56,7 +64,8 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> PreTrainedToke
     """Load a tokenizer with ``AutoTokenizer.from_pretrained``.
 
     Args:
-      path: a local directory (HF tokenizer files), a model id already in the local HF cache, or
+      path: a local directory (HF tokenizer files), a ``.gguf`` file (its tokenizer metadata and
+        chat template), a model id already in the local HF cache, or
         ``None`` / ``"sagc-char"`` for the packaged char-level tokenizer. Nothing is downloaded
         unless the caller's environment allows it.
 
@@ -68,12 +77,59 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> PreTrainedToke
     """
     where = packaged_tokenizer_dir() if path in (None, PACKAGED_TOKENIZER) else os.fspath(path)
     try:
-        tok = AutoTokenizer.from_pretrained(where)
+        if _is_gguf_file(where):  # vocabulary, merges, special ids and template from metadata
+            tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(where)),
+                                                gguf_file=os.path.basename(where))
+            _gguf_chat_template(tok, where)
+        else:
+            tok = AutoTokenizer.from_pretrained(where)
     except Exception as exc:  # HF raises OSError/ValueError/... depending on what is missing.
         raise ValueError(f"cannot load tokenizer from {where!r}: {exc}") from exc
     if tok.pad_token_id is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
-    return tok
+    return set_prompt_rule(tok)
+
+
+def _is_gguf_file(path: str) -> bool:
+    return path.lower().endswith(".gguf") and os.path.isfile(path)
+
+
+def _gguf_fields(path: str) -> dict:
+    """A GGUF file's metadata fields (gguf-py, the `real` extra; tensors are not read)."""
+    import gguf
+
+    return gguf.GGUFReader(path).fields
+
+
+def _gguf_chat_template(tok: PreTrainedTokenizerBase, path: str) -> None:
+    """Sets the file's `tokenizer.chat_template` when transformers did not copy it."""
+    if getattr(tok, "chat_template", None):
+        return
+    field = _gguf_fields(path).get("tokenizer.chat_template")
+    if field is not None:
+        tok.chat_template = field.contents()
+
+
+def _gguf_vocab(path: str) -> int | None:
+    """A GGUF model's vocab size: `{arch}.vocab_size`, else the length of its token list."""
+    fields = _gguf_fields(path)
+    arch = fields["general.architecture"].contents()
+    if f"{arch}.vocab_size" in fields:
+        return int(fields[f"{arch}.vocab_size"].contents())
+    tokens = fields.get("tokenizer.ggml.tokens")
+    return len(tokens.data) if tokens is not None else None
+
+
+def _model_vocab(model_path: str) -> int | None:
+    """The model's vocab size from `config.json` or GGUF metadata; None when unreadable
+    (loading the model names the problem)."""
+    try:
+        if _is_gguf_file(model_path):
+            return _gguf_vocab(model_path)
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            return int(json.load(f)["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _looks_like_path(name: str) -> bool:
@@ -89,7 +145,8 @@ def load_run_tokenizer(
 ) -> PreTrainedTokenizerBase:
     """The tokenizer a run uses, checked against the model before anything is built.
 
-    `model.tokenizer` if set; else `model.path`'s own tokenizer files if it has them; else the
+    `model.tokenizer` if set; else `model.path`'s own tokenizer (its tokenizer files, or a GGUF
+    file's metadata) if it has one; else the
     packaged char-level tokenizer — which, with `model.path` set, must match that model's
     vocabulary size exactly (a 400-token model with the 101-token built-in is refused, not
     trained). A tokenizer with more tokens than the model's vocabulary is refused too.
@@ -99,20 +156,21 @@ def load_run_tokenizer(
     """
     vocab = None
     if model_path is not None:
-        if not os.path.isdir(model_path):
-            what = "does not exist" if not os.path.exists(model_path) else "is not a directory"
+        gguf = model_path.lower().endswith(".gguf")
+        if not (os.path.isfile(model_path) if gguf else os.path.isdir(model_path)):
+            what = ("does not exist" if not os.path.exists(model_path)
+                    else "is not a file" if gguf else "is not a directory")
             raise TokenizerError(f"model.path: {model_path} {what}")
-        try:
-            with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
-                vocab = int(json.load(f)["vocab_size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            vocab = None  # from_pretrained names the config problem
+        # A GGUF's own tokenizer is its vocabulary: only another tokenizer needs the check.
+        vocab = None if gguf and tokenizer is None else _model_vocab(model_path)
     source = tokenizer
-    if source is None and model_path is not None and has_tokenizer(model_path):
+    if source is None and model_path is not None and (
+            _is_gguf_file(model_path) or has_tokenizer(model_path)):
         source = model_path
     key = "model.tokenizer" if tokenizer is not None else "model.path"
     if source not in (None, PACKAGED_TOKENIZER):
-        if _looks_like_path(source) and not os.path.isdir(os.path.expanduser(source)):
+        expanded = os.path.expanduser(source)
+        if _looks_like_path(source) and not (os.path.isdir(expanded) or _is_gguf_file(expanded)):
             raise TokenizerError(f"{key}: tokenizer directory {source} does not exist")
         try:
             tok = load_tokenizer(os.path.expanduser(source))
@@ -138,27 +196,104 @@ def encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False))
 
 
-def encode_prompt(
-    tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False
-) -> list[int]:
-    """Token ids of a prompt, ready for generation.
+#: Set on a tokenizer once :func:`set_prompt_rule` has configured it (checked, not re-done).
+_RULE_ATTR = "_sagc_prompt_rule"
 
-    With ``chat_template`` the text becomes a single user message rendered by the tokenizer's chat
-    template with the generation prompt appended. A bos token is prepended if the tokenizer has
-    one and the ids do not already start with it (so templates that emit bos don't get two).
-    For the packaged char-level tokenizer ``decode(encode_prompt(tok, x)[1:]) == x``.
+
+def set_prompt_rule(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Make ``tok`` itself encode a prompt the way training does: its bos token first if it has
+    one (Llama-style), nothing if it has none (Qwen2-style), never an eos. Returns ``tok``.
+
+    The rule lives on the tokenizer object, so ``tok(text)``, ``encode_prompt`` and the files
+    ``tok.save_pretrained`` writes agree: transformers 5 keeps the rule as the
+    ``TemplateProcessing`` post-processor in tokenizer.json (it drops ``add_bos_token`` from
+    tokenizer_config.json) and applies it on reload (whose ``add_bos_token`` property then reads
+    False: the post-processor is what counts). Idempotent; mutates ``tok``.
+
+    Raises:
+      TokenizerError: the tokenizer ignores ``add_bos_token`` (the message names it).
     """
+    want = tok.bos_token_id is not None
+    if getattr(tok, _RULE_ATTR, None) == want:
+        return tok
+    # TokenizersBackend rebuilds its post-processor to exactly `[bos] $A` / `$A` on each set.
+    tok.add_eos_token = False
+    tok.add_bos_token = want
+    plain = tok("1", add_special_tokens=False)["input_ids"]
+    if tok("1")["input_ids"] != [tok.bos_token_id] * want + plain:
+        raise TokenizerError(
+            f"tokenizer {tok.name_or_path or type(tok).__name__} ({type(tok).__name__}) does "
+            f"not honour add_bos_token={want}; use a fast (tokenizer.json) tokenizer")
+    setattr(tok, _RULE_ATTR, want)
+    return tok
+
+
+def encode_prompts(
+    tok: PreTrainedTokenizerBase, texts: Sequence[str], chat_template: bool = False
+) -> list[list[int]]:
+    """Token ids of prompts, ready for generation: the one place a prompt becomes ids.
+
+    Plain: ``tok(text).input_ids`` with the tokenizer's own special tokens, which after
+    :func:`set_prompt_rule` (applied here) are its bos token, if it has one. A prompt that
+    already starts with the bos string gets no second one. With ``chat_template`` the text
+    becomes a single user message and the ids are ``tok.apply_chat_template(...,
+    add_generation_prompt=True)``'s exactly (the template decides about bos, as it does for
+    transformers, vLLM and TRL). An exported tokenizer reproduces both (``export`` checks).
+    """
+    set_prompt_rule(tok)
     if chat_template:
         if not getattr(tok, "chat_template", None):
             raise ValueError("chat_template=True but the tokenizer has no chat template")
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-    ids = encode_text(tok, text)
-    bos = tok.bos_token_id
-    if bos is not None and (not ids or ids[0] != bos):
-        ids.insert(0, bos)
-    return ids
+        return [list(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
+                                             add_generation_prompt=True, return_dict=False))
+                for t in texts]
+    if not texts:
+        return []
+    out = [list(ids) for ids in tok(list(texts))["input_ids"]]
+    bos, bos_id = tok.bos_token, tok.bos_token_id
+    if bos is not None:
+        for i, t in enumerate(texts):
+            if t.startswith(bos) and out[i][:2] == [bos_id, bos_id]:
+                del out[i][0]  # the text's own bos plus the tokenizer's: keep one
+    return out
+
+
+def encode_prompt(
+    tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False
+) -> list[int]:
+    """Token ids of one prompt (see :func:`encode_prompts`).
+    For the packaged char-level tokenizer ``decode(encode_prompt(tok, x)[1:]) == x``.
+    """
+    return encode_prompts(tok, [text], chat_template)[0]
+
+
+#: Prompts an export's reloaded tokenizer must encode exactly as training did.
+PROBE_PROMPTS = ("2+6+7+2=", "9-3+5=", "Hello, World!\nWhat is 2*3?", "")
+
+
+def check_saved_tokenizer(
+    tok: PreTrainedTokenizerBase, directory: str | os.PathLike[str], chat_template: bool = False,
+    prompts: Sequence[str] = PROBE_PROMPTS,
+) -> None:
+    """Reloads the tokenizer saved in ``directory`` with ``AutoTokenizer`` (as a user would)
+    and checks it encodes ``prompts`` (and, with ``chat_template``, their chat renderings)
+    exactly as :func:`encode_prompts` does with ``tok``.
+
+    Raises:
+      ValueError: the first prompt whose ids differ, and both id lists.
+    """
+    saved = AutoTokenizer.from_pretrained(os.fspath(directory))
+    modes = (False, True) if chat_template else (False,)
+    for chat in modes:
+        ours = encode_prompts(tok, prompts, chat)
+        for text, want in zip(prompts, ours):
+            msg = [{"role": "user", "content": text}]
+            got = (list(saved.apply_chat_template(msg, tokenize=True, add_generation_prompt=True,
+                                                  return_dict=False))
+                   if chat else list(saved(text)["input_ids"]))
+            if got != want:
+                raise ValueError(f"the tokenizer saved in {directory} encodes {text!r}"
+                                 f"{' (chat)' if chat else ''} as {got}, training as {want}")
 
 
 def _eos_ids(tok: PreTrainedTokenizerBase) -> set[int]:

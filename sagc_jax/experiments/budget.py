@@ -24,7 +24,6 @@ the cut (`checkpoint.every` apart).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -34,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from sagc_jax.experiments.summary import step_seconds
+from sagc_jax.sagc.timing import TimeModel
 
 __all__ = [
     "CLOCKS",
-    "TimeModel",
     "checkpoint_at_or_before",
     "cumulative_clock",
     "cut_at_budget",
@@ -49,29 +48,6 @@ __all__ = [
 ]
 
 CLOCKS = ("model", "measured")
-
-
-@dataclasses.dataclass(frozen=True)
-class TimeModel:
-    """Linear accelerator time model (seconds): the defaults of `SAGCConfig`'s `model_*`."""
-
-    prefill_a: float = 0.05
-    prefill_b: float = 2.0e-4
-    decode_a: float = 0.02
-    decode_b: float = 2.5e-5
-
-    @classmethod
-    def from_sagc(cls, sagc_cfg: Any) -> TimeModel:
-        """From a config's `sagc` section (`model_prefill_a` ...); missing fields keep defaults."""
-        kw = {f: getattr(sagc_cfg, f"model_{f}") for f in ("prefill_a", "prefill_b",
-                                                            "decode_a", "decode_b")
-              if hasattr(sagc_cfg, f"model_{f}")}
-        return cls(**kw)
-
-    def step_seconds(self, rows: int, decode_steps: int) -> float:
-        """Modelled rollout seconds of one step of `rows` rows and `decode_steps` decode steps."""
-        return (self.prefill_a + self.prefill_b * rows
-                + decode_steps * (self.decode_a + self.decode_b * rows))
 
 
 def step_clock(row: Mapping[str, Any], clock: str, tm: TimeModel | None = None) -> float:

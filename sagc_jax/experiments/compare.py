@@ -36,7 +36,7 @@ Protocol:
   `<run>/eval.json`.
 
 Modules: `policies` (parsing), `summary` (the math), `report` (results.md), `runs` (one run),
-this one (orchestration); plots in `sagc_jax.plots`.
+this one (orchestration), `plots` (the PNGs).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ import numpy as np
 
 from sagc_jax.experiments.budget import (
     CLOCKS,
-    TimeModel,
     cumulative_clock,
     cut_at_budget,
     resolve_budget,
@@ -63,6 +62,7 @@ from sagc_jax.experiments.policies import Policy, run_name
 from sagc_jax.experiments.report import format_results_md
 from sagc_jax.experiments.runs import TIMING_FILE, eval_run, train_run
 from sagc_jax.experiments.summary import COLUMNS, aggregate, auto_target, num, summarize_run
+from sagc_jax.sagc.timing import TimeModel
 
 logger = logging.getLogger("sagc_jax.experiments")
 
@@ -91,8 +91,8 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
     to its own `run.steps` cap. Returns results.json.
     """
     from sagc_jax.config import load_config
+    from sagc_jax.experiments.plots import plot_comparison, plot_length_tails
     from sagc_jax.metrics import read_jsonl
-    from sagc_jax.plots import plot_comparison, plot_length_tails
 
     t_start = time.perf_counter()
     out = Path(out_dir).absolute()

@@ -1,8 +1,9 @@
-"""Decoder models (Llama / Qwen2 family) in flax.nnx, with HF import/export."""
+"""Decoder models (Llama / Qwen2 family) in flax.nnx, with HF import/export and GGUF import."""
 
 from sagc_jax.models.config import ModelConfig, from_hf_dict, to_hf_dict
-from sagc_jax.models.hf import from_pretrained, save_pretrained
+from sagc_jax.models.hf import save_pretrained
 from sagc_jax.models.llama import KVCache, Transformer, init_cache
+from sagc_jax.models.pretrained import from_pretrained
 
 __all__ = [
     "KVCache",

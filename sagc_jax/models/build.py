@@ -1,18 +1,17 @@
-"""The policy a run config describes: an HF checkpoint (`model.path`) or a fresh model."""
+"""The policy a run config describes: an HF checkpoint or GGUF file (`model.path`) or a fresh
+model."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any
 
 from flax import nnx
 
-from sagc_jax.models.config import ModelConfig, from_hf_dict, from_run_section
-from sagc_jax.models.hf import from_pretrained
+from sagc_jax.models.config import ModelConfig, from_run_section
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.lora import add_lora
+from sagc_jax.models.pretrained import from_pretrained, pretrained_config
 
 
 def with_lora(mcfg: ModelConfig, lora: Any) -> ModelConfig:
@@ -25,10 +24,10 @@ def with_lora(mcfg: ModelConfig, lora: Any) -> ModelConfig:
 
 def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
                 ) -> tuple[Transformer, ModelConfig]:
-    """An HF checkpoint (`model.path`, weights loaded onto `mesh`) or a fresh random model from
-    the `model.*` fields (seeded by `cfg.warm_start_seed`: `init.seed`, else `run.seed`; the
-    tokenizer supplies vocab and special ids). With `model.lora`, fresh adapters (same seed) sit
-    beside the base weights."""
+    """An HF checkpoint or GGUF file (`model.path`, weights loaded onto `mesh`) or a fresh random
+    model from the `model.*` fields (seeded by `cfg.warm_start_seed`: `init.seed`, else
+    `run.seed`; the tokenizer supplies vocab and special ids). With `model.lora`, fresh adapters
+    (same seed) sit beside the base weights."""
     m = cfg.model
     if m.path is not None:
         model, mcfg = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh)
@@ -42,14 +41,12 @@ def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
 
 def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> ModelConfig:
     """The architecture `build_model` builds for `cfg`, without weights: `model.path`'s
-    `config.json` (with `model.remat`, `model.param_dtype`, `model.lora`), or the `model.*`
-    fields (with `model.lora`) and
-    `vocab_size` (special ids from `tokenizer` when given). OSError / ValueError when
-    config.json cannot be read."""
+    `config.json` or GGUF metadata (with `model.remat`, `model.param_dtype`, `model.lora`), or
+    the `model.*` fields (with `model.lora`) and `vocab_size` (special ids from `tokenizer` when
+    given). OSError / ValueError when the config cannot be read."""
     m = cfg.model
     if m.path is not None:
-        with open(os.path.join(m.path, "config.json"), encoding="utf-8") as fh:
-            mcfg = from_hf_dict(json.load(fh), dtype=m.dtype, param_dtype=m.param_dtype)
+        mcfg = pretrained_config(m.path, dtype=m.dtype, param_dtype=m.param_dtype)
         return with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
     if vocab_size is None:
         raise ValueError("model.tokenizer: needed for the vocabulary size of a fresh model")

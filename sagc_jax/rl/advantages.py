@@ -24,14 +24,50 @@ equal (std ≈ 0: no learning signal) get exactly 0 in every mode.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
 ScaleRewards = Literal["group", "batch", "none"]
-SCALE_REWARDS = ("group", "batch", "none")
 DEFAULT_ADV_EPS = 1e-4  # TRL's constant
+
+#: An advantage estimator (the choices of ``algo.scale_rewards``):
+#: ``fn(centred, std, ids, r, scored, eps, ddof) -> f32[R]``, with ``centred = r − mean_g`` per
+#: row, ``std`` the groups' stds ``[num_groups]`` and ``ids`` the rows' groups, ``r`` the rewards
+#: (0 where not ``scored``). Rows not scored and zero-std groups are zeroed by the caller.
+AdvantageFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, float, int],
+                       jax.Array]
+
+
+def _scale_by_group(centred: jax.Array, std: jax.Array, ids: jax.Array, r: jax.Array,
+                    scored: jax.Array, eps: float, ddof: int) -> jax.Array:
+    """GRPO: (r − mean_g) / (std_g + eps)."""
+    return centred / (std[ids] + eps)
+
+
+def _scale_by_batch(centred: jax.Array, std: jax.Array, ids: jax.Array, r: jax.Array,
+                    scored: jax.Array, eps: float, ddof: int) -> jax.Array:
+    """PPO Lite: (r − mean_g) / (std over the whole batch + eps)."""
+    n = scored.sum().astype(jnp.float32)
+    batch_mean = r.sum() / jnp.maximum(n, 1.0)
+    dev = jnp.where(scored, r - batch_mean, 0.0)
+    return centred / (jnp.sqrt((dev * dev).sum() / jnp.maximum(n - ddof, 1.0)) + eps)
+
+
+def _no_scale(centred: jax.Array, std: jax.Array, ids: jax.Array, r: jax.Array,
+              scored: jax.Array, eps: float, ddof: int) -> jax.Array:
+    """Dr. GRPO: r − mean_g."""
+    return centred
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "group": _scale_by_group,
+    "batch": _scale_by_batch,
+    "none": _no_scale,
+}
+SCALE_REWARDS = tuple(ADVANTAGE_ESTIMATORS)
 
 
 def scored_rows(rewards: jax.Array, valid: jax.Array) -> jax.Array:
@@ -93,14 +129,7 @@ def group_advantages(
     scored = scored_rows(rewards, valid)
     ids, r, _, mean, std = _group_stats(jnp.asarray(rewards), jnp.asarray(group_ids), scored,
                                         num_groups, ddof)
-    adv = r - mean[ids]
-    if scale == "group":
-        adv = adv / (std[ids] + eps)
-    elif scale == "batch":
-        n = scored.sum().astype(jnp.float32)
-        batch_mean = r.sum() / jnp.maximum(n, 1.0)
-        dev = jnp.where(scored, r - batch_mean, 0.0)
-        adv = adv / (jnp.sqrt((dev * dev).sum() / jnp.maximum(n - ddof, 1.0)) + eps)
+    adv = ADVANTAGE_ESTIMATORS[scale](r - mean[ids], std, ids, r, scored, eps, ddof)
     flat = _zero_std(std, mean)[ids]
     return jnp.where(scored & ~flat, adv, 0.0)
 

@@ -38,8 +38,6 @@ import jax.numpy as jnp
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k3"]
 ImportanceSampling = Literal["token", "sequence"]
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-IMPORTANCE_SAMPLING = ("token", "sequence")
 METRICS = ("pg_loss", "kl", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "ratio_mean",
            "entropy", "off_policy_masked")
 
@@ -56,6 +54,65 @@ class LossNorms(NamedTuple):
     tokens: jax.Array
     seqs: jax.Array
     rows: jax.Array
+
+
+# ---- registries: the choices of `algo.loss_agg`, `algo.importance_sampling`, `algo.kl_estimator`
+#: An aggregation ``fn(xm, tok_per_seq, n_tok, n_seq, n_row, max_tokens) -> f32[]``: ``xm`` the
+#: masked per-token values ``f32[R, T]``, ``tok_per_seq`` loss tokens per row ``f32[R]``, the
+#: full-batch normalisers (each >= 1) and Dr. GRPO's constant length.
+AggFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, int], jax.Array]
+#: An importance weight ``fn(log_ratio, tok_ratio, logprobs, keep, tok_per_seq) -> f32[R, T]``:
+#: the ratio the surrogate clips (``log_ratio`` / ``tok_ratio`` are 0 / 1 where not ``keep``).
+WeightFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+#: A KL estimator ``fn(d) -> f32[R, T]`` of ``d = ref − logp`` per token (nats).
+KLFn = Callable[[jax.Array], jax.Array]
+
+
+def _token_mean(xm: jax.Array, tok_per_seq: jax.Array, n_tok: jax.Array, n_seq: jax.Array,
+                n_row: jax.Array, max_tokens: int) -> jax.Array:
+    """DAPO: Σ_tokens / tokens."""
+    return xm.sum() / n_tok
+
+
+def _seq_mean_token_mean(xm: jax.Array, tok_per_seq: jax.Array, n_tok: jax.Array,
+                         n_seq: jax.Array, n_row: jax.Array, max_tokens: int) -> jax.Array:
+    """Original GRPO: Σ_seq (Σ_tok / len_seq) / sequences."""
+    return (xm.sum(-1) / jnp.maximum(tok_per_seq, 1.0)).sum() / n_seq
+
+
+def _seq_mean_token_sum_norm(xm: jax.Array, tok_per_seq: jax.Array, n_tok: jax.Array,
+                             n_seq: jax.Array, n_row: jax.Array, max_tokens: int) -> jax.Array:
+    """Dr. GRPO: Σ_tokens / (rows · max_tokens)."""
+    return xm.sum() / (n_row * max_tokens)
+
+
+def _token_weight(log_ratio: jax.Array, tok_ratio: jax.Array, logprobs: jax.Array,
+                  keep: jax.Array, tok_per_seq: jax.Array) -> jax.Array:
+    """GRPO / DAPO: the token ratio π_θ(y_t)/π_old(y_t)."""
+    return tok_ratio
+
+
+def _sequence_weight(log_ratio: jax.Array, tok_ratio: jax.Array, logprobs: jax.Array,
+                     keep: jax.Array, tok_per_seq: jax.Array) -> jax.Array:
+    """GSPO-token: the sequence's mean log-ratio as the value, the token's own gradient."""
+    sg = jax.lax.stop_gradient
+    logp = jnp.where(keep, logprobs, 0.0)
+    seq_log_ratio = log_ratio.sum(-1) / jnp.maximum(tok_per_seq, 1.0)  # [R]
+    return jnp.exp(sg(seq_log_ratio)[:, None] + logp - sg(logp))
+
+
+LOSS_AGGREGATIONS: dict[str, AggFn] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+}
+IMPORTANCE_WEIGHTS: dict[str, WeightFn] = {"token": _token_weight, "sequence": _sequence_weight}
+KL_ESTIMATORS: dict[str, KLFn] = {
+    "k1": lambda d: -d,  # Schulman's k1
+    "k3": lambda d: jnp.exp(d) - d - 1.0,  # k3 (DeepSeekMath)
+}
+LOSS_AGGS = tuple(LOSS_AGGREGATIONS)
+IMPORTANCE_SAMPLING = tuple(IMPORTANCE_WEIGHTS)
 
 
 def loss_norms(mask: jax.Array, rows: jax.Array | float) -> LossNorms:
@@ -202,14 +259,11 @@ def policy_loss(
     if max_tokens is None:
         max_tokens = logprobs.shape[-1]
 
+    agg_fn = LOSS_AGGREGATIONS[loss_agg]
+
     def agg(x: jax.Array) -> jax.Array:
-        """Masked aggregation of a per-token quantity ``[R, T]`` to a scalar."""
-        xm = x * m
-        if loss_agg == "token-mean":
-            return xm.sum() / n_tok
-        if loss_agg == "seq-mean-token-mean":
-            return (xm.sum(-1) / jnp.maximum(tok_per_seq, 1.0)).sum() / n_seq
-        return xm.sum() / (n_row * max_tokens)
+        """Masked aggregation of a per-token quantity ``[R, T]`` to a scalar (``loss_agg``)."""
+        return agg_fn(x * m, tok_per_seq, n_tok, n_seq, n_row, max_tokens)
 
     def tok_mean(x: jax.Array) -> jax.Array:
         return (x * m).sum() / n_tok
@@ -257,7 +311,7 @@ def _check_options(loss_agg: str, importance_sampling: str, kl_estimator: str,
     if importance_sampling not in IMPORTANCE_SAMPLING:
         raise ValueError(f"policy_loss: importance_sampling must be one of {IMPORTANCE_SAMPLING}, "
                          f"got {importance_sampling!r}")
-    if kl_estimator not in ("k1", "k3"):
+    if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"policy_loss: kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
     if clip_delta is not None and clip_delta <= 1.0:
         raise ValueError(f"policy_loss: clip_delta must be > 1, got {clip_delta}")
@@ -274,11 +328,8 @@ def _importance_ratios(logprobs: jax.Array, old_logprobs: jax.Array, keep: jax.A
     sg = jax.lax.stop_gradient
     log_ratio = jnp.where(keep, logprobs - sg(old_logprobs), 0.0)
     tok_ratio = jnp.exp(log_ratio)
-    if importance_sampling == "token":
-        return log_ratio, tok_ratio, tok_ratio
-    logp = jnp.where(keep, logprobs, 0.0)
-    seq_log_ratio = log_ratio.sum(-1) / jnp.maximum(tok_per_seq, 1.0)  # [R]
-    return log_ratio, tok_ratio, jnp.exp(sg(seq_log_ratio)[:, None] + logp - sg(logp))
+    weight = IMPORTANCE_WEIGHTS[importance_sampling]
+    return log_ratio, tok_ratio, weight(log_ratio, tok_ratio, logprobs, keep, tok_per_seq)
 
 
 def _kl_per_token(logprobs: jax.Array, ref_logprobs: jax.Array, keep: jax.Array,
@@ -286,7 +337,7 @@ def _kl_per_token(logprobs: jax.Array, ref_logprobs: jax.Array, keep: jax.Array,
     """``f32[R, T]`` KL(π_θ ‖ π_ref) estimate per token (nats), 0 on masked positions; times
     ``bias_weight`` (the token ratio: DeepSeek-V3.2's bias correction) when given."""
     d = jnp.where(keep, jax.lax.stop_gradient(ref_logprobs) - logprobs, 0.0)  # ref − logp
-    kl_tok = -d if kl_estimator == "k1" else jnp.exp(d) - d - 1.0
+    kl_tok = KL_ESTIMATORS[kl_estimator](d)
     return kl_tok if bias_weight is None else kl_tok * bias_weight
 
 

@@ -23,17 +23,16 @@ import optax
 from flax import nnx
 
 from sagc_jax.models.lora import split_trainable, trainable
-from sagc_jax.rl.advantages import group_advantages, scored_rows
+from sagc_jax.rl.advantages import scored_rows
 from sagc_jax.rl.losses import (
     METRICS,
     LossNorms,
     entropy_threshold,
     loss_norms,
-    policy_loss,
     token_logprobs_and_entropy,
 )
 from sagc_jax.rl.packing import unpack
-from sagc_jax.rl.train_step import LossSettings, apply_update
+from sagc_jax.rl.train_step import LossSettings, apply_update, completion_mask
 
 # Per-sequence arrays [S, ...] (name -> rank); `chunk`, `row`, `start` come from the PackPlan.
 # `entropy` [S, N] is filled by an entropy pass only for `top_entropy_quantile < 1` (the
@@ -67,14 +66,12 @@ def _scored_mask_and_norms(seqs: dict[str, jax.Array]
     n = seqs["old_logprobs"].shape[1]
     scored = scored_rows(seqs["rewards"], seqs["valid"])
     rows = seqs["loss_rows"] & scored
-    mask = (jnp.arange(n)[None, :] < seqs["lengths"][:, None]) & rows[:, None]
+    mask = completion_mask(seqs["lengths"], rows, n)
     return scored, mask, loss_norms(mask, scored.sum())
 
 
 def _advantages(seqs: dict[str, jax.Array], settings: LossSettings, num_groups: int) -> jax.Array:
-    return group_advantages(seqs["rewards"], seqs["group_ids"], seqs["valid"],
-                            num_groups=num_groups, scale=settings.scale_rewards,
-                            eps=settings.adv_eps, ddof=settings.std_ddof)
+    return settings.advantages(seqs["rewards"], seqs["group_ids"], seqs["valid"], num_groups)
 
 
 def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
@@ -100,14 +97,9 @@ def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
             logp, ent = packed_logprobs(graphdef, p, chunk, s.temperature, entropy=True)
             logp = unpack(logp, seqs["row"], seqs["start"], n)
             ent = unpack(ent, seqs["row"], seqs["start"], n)
-            return policy_loss(
-                logp, seqs["old_logprobs"], adv, mask, epsilon=s.epsilon,
-                epsilon_high=s.epsilon_high, clip_delta=s.clip_delta,
-                importance_sampling=s.importance_sampling, loss_agg=s.loss_agg,
-                ref_logprobs=seqs["ref_logprobs"] if s.beta > 0 else None, beta=s.beta,
-                kl_estimator=s.kl_estimator, kl_bias_correction=s.kl_bias_correction,
-                entropy=ent, entropy_min=ent_min, off_policy_threshold=s.off_policy_threshold,
-                norms=norms, max_tokens=s.max_tokens)
+            return s.loss(logp, seqs["old_logprobs"], adv, mask,
+                          ref_logprobs=seqs["ref_logprobs"], entropy=ent, entropy_min=ent_min,
+                          norms=norms)
 
         (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(train)
         grads, sums = acc

@@ -164,12 +164,6 @@ def unpack(values: jax.Array, row: jax.Array, start: jax.Array, n: int) -> jax.A
     return values[row[:, None], cols]
 
 
-def pack_len_for(max_prompt: int, max_new_tokens: int, multiple: int = 8) -> int:
-    """Slots per row that fit the longest sequence (p + l - 1), rounded up to `multiple`."""
-    need = max_prompt + max_new_tokens - 1
-    return -(-need // multiple) * multiple
-
-
 def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, completion_len: int,
                pack_len: int, chunk_sizes: Sequence[int], pad_id: int
                ) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray], PackPlan]:

@@ -30,6 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from sagc_jax.rl.verifiers import (
+    math_verify_reward,
+    reasoning_gym_reward,
+    reasoning_gym_strict_reward,
+)
+
 __all__ = [
     "BUILTIN_REWARDS",
     "RewardError",
@@ -187,6 +193,10 @@ BUILTIN_REWARDS: dict[str, RewardCallable] = {
     "exact_answer": exact_answer_reward,
     "gsm8k": gsm8k_reward,
     "format": format_reward,
+    # External verifiers (rl/verifiers.py): reasoning-gym's score_answer, HF math-verify.
+    "reasoning_gym": reasoning_gym_reward,
+    "reasoning_gym_strict": reasoning_gym_strict_reward,
+    "math_verify": math_verify_reward,
 }
 
 

@@ -59,6 +59,27 @@ class LossSettings:
     temperature: float = 1.0
     max_tokens: int = 128  # Dr. GRPO's constant normaliser (max_new_tokens)
 
+    def advantages(self, rewards: jax.Array, group_ids: jax.Array, valid: jax.Array,
+                   num_groups: int) -> jax.Array:
+        """`f32[R]` group advantages under these settings (the padded and packed steps')."""
+        return group_advantages(rewards, group_ids, valid, num_groups=num_groups,
+                                scale=self.scale_rewards, eps=self.adv_eps, ddof=self.std_ddof)
+
+    def loss(self, logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array,
+             mask: jax.Array, *, ref_logprobs: jax.Array, entropy: jax.Array,
+             entropy_min: jax.Array | None, norms: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`policy_loss` under these settings (the KL only with `beta > 0`), the one call of
+        both train steps."""
+        return policy_loss(
+            logprobs, old_logprobs, advantages, mask, epsilon=self.epsilon,
+            epsilon_high=self.epsilon_high, clip_delta=self.clip_delta,
+            importance_sampling=self.importance_sampling, loss_agg=self.loss_agg,
+            ref_logprobs=ref_logprobs if self.beta > 0 else None, beta=self.beta,
+            kl_estimator=self.kl_estimator, kl_bias_correction=self.kl_bias_correction,
+            entropy=entropy, entropy_min=entropy_min,
+            off_policy_threshold=self.off_policy_threshold, norms=norms,
+            max_tokens=self.max_tokens)
+
 
 # Names and ranks of the arrays a rollout batch carries into the step.
 BATCH_FIELDS = {
@@ -98,7 +119,8 @@ def completion_logprobs(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
     return token_logprobs(logits, tokens[:, prompt_len:], temperature)
 
 
-def _completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Array:
+def completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Array:
+    """`bool[R, n]`: completion tokens of loss rows (t < length)."""
     return (jnp.arange(n)[None, :] < lengths[:, None]) & loss_rows[:, None]
 
 
@@ -151,20 +173,15 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                                    mb["lengths"], prompt_len, rows_sharding)
         logp, ent = token_logprobs_and_entropy(logits, mb["tokens"][:, prompt_len:],
                                                s.temperature)
-        return logp, ent, _completion_mask(mb["lengths"], mb["loss_rows"], logp.shape[1])
+        return logp, ent, completion_mask(mb["lengths"], mb["loss_rows"], logp.shape[1])
 
     def loss_fn(params, mb, norms, ent_min):
         logp, ent, mask = forward(params, mb)
         if mask_entropy and micro_batches == 1:
             ent_min = entropy_threshold(ent, mask, s.top_entropy_quantile)  # the full batch
-        return policy_loss(
-            logp, mb["old_logprobs"], mb["advantages"], mask,
-            epsilon=s.epsilon, epsilon_high=s.epsilon_high, clip_delta=s.clip_delta,
-            importance_sampling=s.importance_sampling, loss_agg=s.loss_agg,
-            ref_logprobs=mb["ref_logprobs"] if s.beta > 0 else None, beta=s.beta,
-            kl_estimator=s.kl_estimator, kl_bias_correction=s.kl_bias_correction,
-            entropy=ent, entropy_min=ent_min if mask_entropy else None,
-            off_policy_threshold=s.off_policy_threshold, norms=norms, max_tokens=s.max_tokens)
+        return s.loss(logp, mb["old_logprobs"], mb["advantages"], mask,
+                      ref_logprobs=mb["ref_logprobs"], entropy=ent,
+                      entropy_min=ent_min if mask_entropy else None, norms=norms)
 
     def full_batch_entropy_min(params, split):
         """The entropy threshold over every micro-batch: one extra forward pass, no gradient."""
@@ -177,13 +194,11 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
     def step(params, opt_state, batch):
         train, frozen = split_trainable(params)
-        adv = group_advantages(batch["rewards"], batch["group_ids"], batch["valid"],
-                               num_groups=num_groups, scale=s.scale_rewards, eps=s.adv_eps,
-                               ddof=s.std_ddof)
+        adv = s.advantages(batch["rewards"], batch["group_ids"], batch["valid"], num_groups)
         scored = scored_rows(batch["rewards"], batch["valid"])
         loss_rows = batch["loss_rows"] & scored
         n = batch["old_logprobs"].shape[1]
-        norms = loss_norms(_completion_mask(batch["lengths"], loss_rows, n), scored.sum())
+        norms = loss_norms(completion_mask(batch["lengths"], loss_rows, n), scored.sum())
         data = {k: batch[k] for k in BATCH_FIELDS if k not in ("rewards", "group_ids", "valid")}
         data["advantages"] = adv
         data["loss_rows"] = loss_rows

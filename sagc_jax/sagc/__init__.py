@@ -1,7 +1,7 @@
 """Straggler-Aware Group Control: the controller (pure state + update functions) and the
 offline simulator. See docs/sagc.md."""
 
-from sagc_jax.sagc.config import SAGCConfig
+from sagc_jax.config.sagc import SAGCConfig
 from sagc_jax.sagc.controller import (
     REASONS,
     State,
@@ -14,7 +14,6 @@ from sagc_jax.sagc.estimators import (
     posterior_risk,
     predicted_benefit,
     predicted_cost,
-    prompts_for,
 )
 from sagc_jax.sagc.events import (
     Observation,
@@ -24,6 +23,7 @@ from sagc_jax.sagc.events import (
     straggler_events,
 )
 from sagc_jax.sagc.policy import SAGCPolicy, StaticPolicy, make_policy
+from sagc_jax.shapes import prompts_for  # the shape plan's rule, re-exported
 
 __all__ = [
     "REASONS",

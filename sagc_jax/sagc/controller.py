@@ -1,6 +1,6 @@
 """SAGC controller: the pure state, ``observe`` and ``choose`` (DESIGN.md §5).
 
-The config is ``SAGCConfig`` (declared once in ``sagc/config.py``). The controller is tiny and
+The config is ``SAGCConfig`` (declared once in ``config/sagc.py``). The controller is tiny and
 runs on the host in numpy. Its whole state is a flat ``dict`` of numpy arrays with static shapes
 (a pytree that round-trips through Orbax ``StandardSave/Restore``). Every random draw comes from
 ``numpy.random.default_rng((seed, step, salt))``, so decisions are a deterministic function of
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.sagc.config import SAGCConfig as SAGCConfig  # re-export (declared there)
+from sagc_jax.config.sagc import SAGCConfig as SAGCConfig  # re-export (declared there)
 from sagc_jax.sagc.estimators import (
     State,
     benefit_rate,
@@ -29,14 +29,12 @@ from sagc_jax.sagc.estimators import (
     ring_view,
     truncation_rate,
 )
-from sagc_jax.sagc.estimators import prompts_for as prompts_for  # re-export (trainer, dryrun)
 from sagc_jax.sagc.events import Observation as Observation  # re-export (trainer)
 from sagc_jax.sagc.events import counterfactual_risk, straggler_events
 
 # Reason codes stored in the state (strings are not pytree leaves).
 REASONS: tuple[str, ...] = ("init", "warmup", "score", "no_feasible", "toward_feasible", "static")
 _SALT_OBSERVE = 0x5A6C
-_POLICY_NAMES = ("SAGCPolicy", "StaticPolicy", "make_policy")
 
 
 def init_state(cfg: SAGCConfig) -> State:
@@ -369,11 +367,3 @@ def normalize_state(cfg: SAGCConfig, restored: dict[str, Any]) -> State:
         out[k] = arr
     return out
 
-
-def __getattr__(name: str) -> Any:
-    """Lazy re-export of the policy wrappers (policy.py imports this module)."""
-    if name in _POLICY_NAMES:
-        from sagc_jax.sagc import policy
-
-        return getattr(policy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,21 +14,12 @@ import math
 from typing import Any
 
 import numpy as np
+from scipy.special import betainc, betaincinv
 
-from sagc_jax.sagc.betaq import beta_quantile, betainc
-from sagc_jax.sagc.config import risk_level
+from sagc_jax.config.sagc import risk_level
+from sagc_jax.shapes import prompts_for
 
 State = dict[str, np.ndarray]
-
-
-def prompts_for(cfg: Any, g: int, prompts_per_step: int) -> int:
-    """Prompts per step at group size ``g``: fixed B ("prompts") or rollouts_per_step // g."""
-    if cfg.batch_policy == "prompts":
-        return int(prompts_per_step)
-    n = cfg.rollouts_per_step
-    if n is None or n % g:
-        raise ValueError(f"sagc.rollouts_per_step: must be divisible by group size {g}, got {n!r}")
-    return n // g
 
 
 def ring_put(ring: np.ndarray, seen: int, values: np.ndarray) -> np.ndarray:
@@ -119,10 +110,6 @@ def posterior_risk(cfg: Any, state: State, mean: bool = False) -> np.ndarray:
     q = None if mean else risk_level(cfg.risk)
     if q is None:
         return a / (a + b)
-    try:  # scipy ships with jax; the pure-numpy betaq is the fallback (and the tests' reference)
-        from scipy.special import betaincinv
-    except ImportError:  # pragma: no cover
-        return beta_quantile(q, a, b)
     return np.asarray(betaincinv(a, b, q), np.float64)
 
 
@@ -183,11 +170,7 @@ _PASS_EDGES = np.concatenate([[0.0], (PASS_GRID[1:] + PASS_GRID[:-1]) / 2.0, [1.
 
 
 def _beta_cdf(a: float, b: float, x: np.ndarray) -> np.ndarray:
-    try:  # scipy ships with jax; betaq is the pure-numpy fallback
-        from scipy.special import betainc as scipy_betainc
-    except ImportError:  # pragma: no cover
-        return betainc(a, b, x)
-    return np.asarray(scipy_betainc(a, b, x), np.float64)
+    return np.asarray(betainc(a, b, x), np.float64)
 
 
 @functools.lru_cache(maxsize=8)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from sagc_jax.sagc.controller import Observation
+from sagc_jax.sagc.timing import TimeModel
 
 
 def observation_from(rollout: Any, sagc_cfg: Any, *, max_new_tokens: int, decode_chunk: int,
@@ -25,8 +26,8 @@ def observation_from(rollout: Any, sagc_cfg: Any, *, max_new_tokens: int, decode
     g = rollout.group_size
     rows, steps = fr.prompts * g, int(fr.decode_steps)
     if sagc_cfg.timing == "model":
-        prefill_s = sagc_cfg.model_prefill_a + sagc_cfg.model_prefill_b * rows
-        decode_s = steps * (sagc_cfg.model_decode_a + sagc_cfg.model_decode_b * rows)
+        tm = TimeModel.from_sagc(sagc_cfg)
+        prefill_s, decode_s = tm.prefill_s(rows), steps * tm.decode_step_s(rows)
     else:
         prefill_s, decode_s = float(fr.prefill_s), float(fr.decode_s)
         if agree_seconds is not None:

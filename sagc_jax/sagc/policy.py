@@ -20,8 +20,9 @@ from sagc_jax.sagc.controller import (
     observe,
     record_choice,
 )
-from sagc_jax.sagc.estimators import posterior_risk, prompts_for
+from sagc_jax.sagc.estimators import posterior_risk
 from sagc_jax.sagc.events import Observation, step_straggler_rate
+from sagc_jax.shapes import prompts_for
 
 __all__ = ["SAGCPolicy", "StaticPolicy", "make_policy", "prompts_for"]
 

@@ -28,8 +28,7 @@ import numpy as np
 
 from sagc_jax.config import apply_overrides, read_yaml
 from sagc_jax.config.errors import ConfigError
-from sagc_jax.sagc.config import SAGCConfig
-from sagc_jax.sagc.estimators import prompts_for
+from sagc_jax.config.sagc import SAGCConfig
 from sagc_jax.sagc.events import Observation
 from sagc_jax.sagc.oracle import oracle_from_trajectories, phase_bounds
 from sagc_jax.sagc.policy import SAGCPolicy, StaticPolicy
@@ -41,6 +40,7 @@ from sagc_jax.sagc.workload import (
     WorkloadParams,
     params_from_dict,
 )
+from sagc_jax.shapes import prompts_for
 
 DEFAULT_SIM: dict[str, Any] = {
     "steps": 1500,

@@ -1,4 +1,7 @@
-"""Simulator time model: seconds for prefill and for one decode step as functions of rows.
+"""The time model: seconds for prefill and for one decode step as functions of rows.
+
+One definition for the simulator, SAGC's ``sagc.timing: model`` observations and the
+experiments' ``model`` clock (:meth:`TimeModel.from_sagc` reads the config's ``model_*`` terms).
 
 Default (accelerator-like, memory-bound decode): ``t_decode(rows) = decode_a + decode_b * rows``
 where decode_a is the per-step weight read and decode_b the per-row KV-cache/sampling work;
@@ -40,16 +43,30 @@ def _extrap(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TimeModel:
-    """Linear (a + b*rows) or calibrated per-shape time model. Seconds."""
+    """Linear (a + b*rows) or calibrated per-shape time model. Seconds; defaults
+    :data:`DEFAULT_TIMING` (= ``SAGCConfig``'s ``model_*`` defaults)."""
 
-    decode_a: float
-    decode_b: float
-    prefill_a: float
-    prefill_b: float
-    decode_chunk: int
+    decode_a: float = DEFAULT_TIMING["decode_a"]
+    decode_b: float = DEFAULT_TIMING["decode_b"]
+    prefill_a: float = DEFAULT_TIMING["prefill_a"]
+    prefill_b: float = DEFAULT_TIMING["prefill_b"]
+    decode_chunk: int = DEFAULT_TIMING["decode_chunk"]
     cal_rows: tuple[float, ...] = ()
     cal_decode: tuple[float, ...] = ()
     cal_prefill: tuple[float, ...] = ()
+
+    @classmethod
+    def from_sagc(cls, sagc_cfg: Any) -> TimeModel:
+        """The linear model of a config's ``sagc`` section (``model_prefill_a`` ...); missing
+        fields keep the defaults."""
+        kw = {f: getattr(sagc_cfg, f"model_{f}") for f in ("prefill_a", "prefill_b",
+                                                            "decode_a", "decode_b")
+              if hasattr(sagc_cfg, f"model_{f}")}
+        return cls(**kw)
+
+    def step_seconds(self, rows: int, decode_steps: int) -> float:
+        """Rollout seconds of one step of ``rows`` rows and ``decode_steps`` decode steps."""
+        return self.prefill_s(rows) + decode_steps * self.decode_step_s(rows)
 
     def decode_step_s(self, rows: int) -> float:
         """Seconds per decode step for a batch of ``rows`` rows."""

@@ -1,4 +1,5 @@
-"""The sampler's declared shape set: config, bucket rounding and the (g, prompt bucket) plan.
+"""The sampler's declared shape set: its config and bucket rounding (the rules are the shape
+plan's, `sagc_jax.shapes`).
 
 Every compiled generate program is keyed by `(group_size, prompt_bucket)`; everything else a call
 may vary (prompt lengths within a bucket, max_new_tokens up to the configured max, temperature,
@@ -10,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
+
+from sagc_jax.shapes import Shape, ShapePlan, cache_bucket, sampler_shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,26 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.prompt_too_long must be 'error' or 'truncate', got "
                              f"{self.prompt_too_long!r}")
 
+    @classmethod
+    def from_plan(cls, plan: ShapePlan, sampling: Any) -> SamplingConfig:
+        """The training sampler's config: the plan's G x prompt-bucket shape set, and the
+        filtering switches of the ``sampling:`` section."""
+        return cls(
+            group_sizes=plan.group_sizes, prompts_per_step=plan.max_prompts,
+            prompts_for_group=dict(plan.prompts_per_g), prompt_buckets=plan.prompt_buckets,
+            cache_buckets=plan.cache_buckets, max_new_tokens=plan.max_new_tokens,
+            decode_chunk=plan.decode_chunk, use_top_k=sampling.top_k is not None,
+            use_top_p=sampling.top_p is not None, prompt_too_long=sampling.prompt_too_long)
+
+    @classmethod
+    def for_eval(cls, plan: ShapePlan, sampling: Any, prompts: int = 64) -> SamplingConfig:
+        """Greedy held-out evaluation during training: G = 1, `prompts` per call, the plan's
+        prompt and cache buckets."""
+        return cls(
+            group_sizes=(1,), prompts_per_step=prompts, prompt_buckets=plan.prompt_buckets,
+            cache_buckets=plan.cache_buckets, max_new_tokens=plan.max_new_tokens,
+            decode_chunk=plan.decode_chunk, prompt_too_long=sampling.prompt_too_long)
+
     def prompts_for(self, g: int) -> int:
         """Compiled prompt count P_g for group size g."""
         if self.prompts_for_group and g in self.prompts_for_group:
@@ -87,17 +110,6 @@ class SamplingConfig:
         return -(-self.max_new_tokens // c) * c
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One compiled shape: rows = prompts * group_size; caches have `cache_bucket` slots."""
-
-    group_size: int
-    prompts: int
-    rows: int
-    prompt_bucket: int
-    cache_bucket: int
-
-
 def prompt_bucket_for(length: int, buckets: Sequence[int]) -> int | None:
     """Smallest bucket >= length, or None if the prompt is longer than every bucket."""
     for b in buckets:
@@ -107,26 +119,11 @@ def prompt_bucket_for(length: int, buckets: Sequence[int]) -> int | None:
 
 
 def cache_bucket_for(prompt_bucket: int, cfg: SamplingConfig) -> int:
-    """KV-cache slots for a prompt bucket: room for the prompt and max_new_tokens.
-
-    The last decode step's K/V write is never read back, and steps past n only touch padding,
-    so `Lp + max_new_tokens` slots are enough even when n is not a multiple of the chunk.
-    """
-    need = prompt_bucket + cfg.max_new_tokens
-    if cfg.cache_buckets is None:
-        return need
-    for b in cfg.cache_buckets:
-        if b >= need:
-            return int(b)
-    raise ValueError(f"no cache bucket >= prompt bucket {prompt_bucket} + max_new_tokens "
-                     f"{cfg.max_new_tokens} = {need}; cache_buckets={cfg.cache_buckets}")
+    """KV-cache slots for a prompt bucket under `cfg` (`sagc_jax.shapes.cache_bucket`)."""
+    return cache_bucket(prompt_bucket, cfg.max_new_tokens, cfg.cache_buckets)
 
 
 def declared_shapes(cfg: SamplingConfig) -> tuple[Shape, ...]:
     """Every (group size, prompt bucket) shape the sampler compiles, in compile order."""
-    out = []
-    for g in cfg.group_sizes:
-        p = cfg.prompts_for(g)
-        for lp in cfg.prompt_buckets:
-            out.append(Shape(g, p, p * g, lp, cache_bucket_for(lp, cfg)))
-    return tuple(out)
+    return sampler_shapes(cfg.group_sizes, cfg.prompts_for, cfg.prompt_buckets,
+                          cfg.max_new_tokens, cfg.cache_buckets)

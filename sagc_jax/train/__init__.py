@@ -1,7 +1,8 @@
 """The training run: `train(cfg)` (see `train.loop` for the one-way step).
 
-Modules: `state` (TrainState), `plan` (ShapePlan), `learner` (compiled steps, update), `sft`
-(warm start), `hosts` (cross-process agreement), `setup` (build a run), `loop` (the loop).
+Modules: `state` (TrainState), `learner` (compiled steps, update), `sft`
+(warm start), `setup` (build a run), `loop` (the loop); cross-process agreement is
+`sagc_jax.hosts`.
 """
 
 from sagc_jax.errors import TrainingError

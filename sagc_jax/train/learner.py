@@ -11,10 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import optax
-from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 
+from sagc_jax.hosts import Hosts
 from sagc_jax.models.lora import adapter_zeros, disable_adapters
 from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.batch import TrainBatch
@@ -26,10 +25,10 @@ from sagc_jax.rl.train_step import (
     completion_logprobs,
     make_train_step,
 )
-from sagc_jax.train.hosts import Hosts
+from sagc_jax.shapes import ShapePlan, micro_batches
 from sagc_jax.train.packed import PackedSteps
-from sagc_jax.train.plan import ShapePlan, micro_batches
 from sagc_jax.train.state import TrainState
+from sagc_jax.train.steps import StepFields
 
 
 def loss_settings(cfg: Any) -> LossSettings:
@@ -47,19 +46,13 @@ def loss_settings(cfg: Any) -> LossSettings:
 
 
 @dataclasses.dataclass
-class CompiledSteps:
+class CompiledSteps(StepFields):
     """Jitted train / logprob functions over a mesh, one compile per batch shape.
 
     Shardings are explicit: params/opt state by the model's rules, batch rows over data x fsdp,
     metrics replicated. Params and optimizer state are donated.
     """
 
-    graphdef: nnx.GraphDef
-    optimizer: optax.GradientTransformation
-    settings: LossSettings
-    mesh: Mesh
-    param_shardings: Any
-    opt_shardings: Any
     micro_batch_rows: int | None = None
 
     def __post_init__(self) -> None:
@@ -69,8 +62,7 @@ class CompiledSteps:
         self._compiled: dict[tuple, Callable] = {}
 
     def batch_shardings(self, rows: int) -> dict[str, NamedSharding]:
-        n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if rows % n_shards:
+        if rows % self.batch_ways:
             # Rows that don't split evenly stay replicated: correct, just not data-parallel.
             return {k: replicated(self.mesh) for k in BATCH_FIELDS}
         return {k: batch_sharding(self.mesh, nd) for k, nd in BATCH_FIELDS.items()}
@@ -79,9 +71,8 @@ class CompiledSteps:
         """The model's residual stream [micro-batch rows x seq, H]: rows over data x fsdp when
         a micro-batch splits evenly and there is FSDP to fix (else left to GSPMD). Not with
         tensor > 1: there XLA:CPU aborted intermittently at run time with the constraint."""
-        n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         mb = rows // self.micro_batches(rows)
-        if self.mesh.shape["fsdp"] == 1 or self.mesh.shape["tensor"] > 1 or mb % n_shards:
+        if self.mesh.shape["fsdp"] == 1 or self.mesh.shape["tensor"] > 1 or mb % self.batch_ways:
             return None
         return batch_sharding(self.mesh)
 
@@ -193,9 +184,16 @@ class Learner:
 
     def update(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, float]]:
         """The new state and the metrics averaged over μ iterations; a non-finite loss stops
-        early with `finite = 0` in the metrics (params of that iteration were not updated)."""
-        if self.packed is not None:
-            return self._update_packed(state, batch)
+        early with `finite = 0` in the metrics (params of that iteration were not updated).
+
+        Padded or packed, the batch becomes one `step(params, opt_state) -> (params, opt_state,
+        metrics)` and its token utilisation; the μ iterations are the same for both."""
+        prepare = self._padded_step if self.packed is None else self._packed_step
+        step, util = prepare(state, batch)
+        return self._iterate(state, step, util)
+
+    def _padded_step(self, state: TrainState, batch: TrainBatch) -> tuple[Callable, float]:
+        """The padded batch on device (+ its log-prob passes) and the step over it."""
         rows = batch.rows * self.hosts.count  # global rows
         lp, n = batch.prompt_len, batch.completion_len
         shard = self.steps.batch_shardings(rows)
@@ -214,10 +212,10 @@ class Learner:
         a = batch.arrays
         real = _real_tokens(lp - a["prompt_pad"], a["lengths"], a["loss_rows"])
         util = real / (batch.rows * (lp + n - 1))  # this process's rows
-        return self._iterate(state, lambda p, o: fn(p, o, dev), util)
+        return (lambda p, o: fn(p, o, dev)), util
 
-    def _update_packed(self, state: TrainState,
-                       batch: TrainBatch) -> tuple[TrainState, dict[str, float]]:
+    def _packed_step(self, state: TrainState, batch: TrainBatch) -> tuple[Callable, float]:
+        """The batch packed into chunks on device (+ its log-prob passes) and the step over it."""
         ps = self.packed
         chunks, seqs, plan = pack_batch(
             batch.arrays, batch.prompt_len, seqs=ps.seqs, completion_len=ps.completion_len,
@@ -227,8 +225,7 @@ class Learner:
             seqs["ref_logprobs"] = ps.logprobs(self.reference(state.params), chunks, seqs)
         if self.num_iterations > 1:
             seqs["old_logprobs"] = ps.logprobs(state.params, chunks, seqs)
-        return self._iterate(state, lambda p, o: ps.update(p, o, chunks, seqs),
-                             plan.token_util)
+        return (lambda p, o: ps.update(p, o, chunks, seqs)), plan.token_util
 
     def _iterate(self, state: TrainState, step: Callable,
                  util: float) -> tuple[TrainState, dict[str, float]]:

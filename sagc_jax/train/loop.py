@@ -300,10 +300,19 @@ def _report(run: Run, bar: Any, step: int, row: dict[str, Any]) -> None:
              row["group_size"], row["straggler_rate"], row["step_s"])
 
 
+def _close_writer(run: Run) -> None:
+    """Closes the metrics writer, then draws the run's plots (`run.plots`, writing process)."""
+    run.writer.close()
+    if run.cfg.run.plots and run.writer.enabled:
+        from sagc_jax.plots import plot_run  # matplotlib only when plotting
+
+        plot_run(run.writer.metrics_path, run.writer.dir / "plots")
+
+
 def _close(run: Run, *, quietly: bool) -> None:
     """Finishes pending checkpoint writes and the metrics writer; when the run is already
     failing (`quietly`), their own errors (often the same full disk) are not raised again."""
-    for fn in (run.ckpt.wait, lambda: run.writer.close(plots=run.cfg.run.plots)):
+    for fn in (run.ckpt.wait, lambda: _close_writer(run)):
         try:
             fn()
         except Exception:

@@ -13,9 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 
 from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import batch_sharding, replicated
@@ -30,11 +28,11 @@ from sagc_jax.rl.packed_step import (
     make_logprob_step,
     zero_acc,
 )
-from sagc_jax.rl.train_step import LossSettings
+from sagc_jax.train.steps import StepFields
 
 
 @dataclasses.dataclass
-class PackedSteps:
+class PackedSteps(StepFields):
     """Jitted packed steps over a mesh and the host loop of one update.
 
     Chunk rows shard over data x fsdp when the chunk size divides it (else replicated);
@@ -43,12 +41,6 @@ class PackedSteps:
     `num_groups` are the run's largest batch, so no shape depends on G.
     """
 
-    graphdef: nnx.GraphDef
-    optimizer: optax.GradientTransformation
-    settings: LossSettings
-    mesh: Mesh
-    param_shardings: Any
-    opt_shardings: Any
     num_groups: int
     seqs: int
     completion_len: int
@@ -63,8 +55,7 @@ class PackedSteps:
 
     # ---- shardings and abstract inputs
     def chunk_sharding(self, rows: int) -> NamedSharding:
-        ways = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        return batch_sharding(self.mesh, 2) if rows % ways == 0 else self._rep
+        return batch_sharding(self.mesh, 2) if rows % self.batch_ways == 0 else self._rep
 
     def _acc_shardings(self) -> tuple[Any, dict[str, NamedSharding]]:
         return trainable(self.param_shardings), {k: self._rep for k in SUM_METRICS}

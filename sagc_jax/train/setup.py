@@ -19,6 +19,7 @@ from sagc_jax.config import Config, ConfigError
 from sagc_jax.data.lengths import check_prompt_lengths
 from sagc_jax.data.pipeline import load_examples, make_prompt_iterator
 from sagc_jax.data.tokenizer import load_run_tokenizer, stop_ids
+from sagc_jax.hosts import Hosts
 from sagc_jax.metrics import RunWriter
 from sagc_jax.models.build import build_model
 from sagc_jax.models.config import ModelConfig
@@ -29,11 +30,10 @@ from sagc_jax.parallel import make_mesh_from_config
 from sagc_jax.rl.rewards import RewardFn, build_reward_fns
 from sagc_jax.rollout import CollectSettings, PromptStream
 from sagc_jax.sagc import SAGCConfig, make_policy
-from sagc_jax.sampling import Sampler
-from sagc_jax.train.hosts import Hosts
+from sagc_jax.sampling import Sampler, SamplingConfig
+from sagc_jax.shapes import ShapePlan
 from sagc_jax.train.learner import CompiledSteps, Learner, loss_settings
 from sagc_jax.train.packed import PackedSteps
-from sagc_jax.train.plan import ShapePlan
 from sagc_jax.train.state import TrainState, init_opt_state
 
 logger = logging.getLogger("sagc_jax.train")
@@ -132,7 +132,7 @@ def _eval_set(cfg: Config, plan: ShapePlan, hosts: Hosts, blueprint: Any, pad_id
         return None
     examples = list(load_examples(cfg.data, "eval", seed=cfg.run.seed))
     _check_lengths(cfg, examples, tokenizer, "eval")
-    sampler = Sampler(blueprint, config=plan.eval_sampling_config(cfg), pad_id=pad_id,
+    sampler = Sampler(blueprint, config=SamplingConfig.for_eval(plan, cfg.sampling), pad_id=pad_id,
                       eos_ids=eos, mesh=mesh)
     return EvalSet(examples, sampler)
 
@@ -189,8 +189,8 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     learner = Learner(steps, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations,
                       hosts=hosts, batch_ways=plan.batch_ways, packed=packed, pad_id=pad_id)
     blueprint = _blueprint(graphdef, params)
-    sampler = Sampler(blueprint, config=plan.sampling_config(cfg), pad_id=pad_id, eos_ids=eos,
-                      mesh=mesh)
+    sampler = Sampler(blueprint, config=SamplingConfig.from_plan(plan, cfg.sampling),
+                      pad_id=pad_id, eos_ids=eos, mesh=mesh)
     return Run(
         cfg=cfg, hosts=hosts, mesh=mesh, plan=plan, tokenizer=tokenizer, pad_id=pad_id,
         model_cfg=model_cfg, graphdef=graphdef, param_shardings=param_shardings,

