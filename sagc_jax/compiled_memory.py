@@ -29,6 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import opt_state_shardings, state_shardings
 
 __all__ = ["ProgramMemory", "abstract_train_state", "compiled_memory", "train_step_memory"]
@@ -80,8 +81,9 @@ def abstract_train_state(mcfg: ModelConfig, mesh: Mesh, optimizer) -> dict[str, 
     graphdef, params = nnx.split(model)
     p_shard = state_shardings(params, mesh)
     params = _with_shardings(params, p_shard)
-    opt_abs = jax.eval_shape(optimizer.init, params)
-    o_shard = opt_state_shardings(optimizer, opt_abs, p_shard, mesh)
+    # With LoRA only the adapters carry optimizer state, as in the trainer (train/setup.py).
+    opt_abs = jax.eval_shape(optimizer.init, trainable(params))
+    o_shard = opt_state_shardings(optimizer, opt_abs, trainable(p_shard), mesh)
     return {"graphdef": graphdef, "params": params, "param_shardings": p_shard,
             "opt_state": _with_shardings(opt_abs, o_shard), "opt_shardings": o_shard}
 

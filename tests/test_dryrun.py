@@ -263,3 +263,16 @@ def test_local_sh_dry_run():
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["devices"] == 2
+
+
+def test_lora_dry_run_compiles_with_adapter_only_optimizer_state():
+    """Regression: the compiled-memory path built AdamW state for every param while the LoRA
+    step updates only the adapters (an optax tree mismatch)."""
+    tiny = load_config(ROOT / "configs" / "tiny_cpu.yaml", [
+        "sagc.group_sizes=[2]", "sagc.initial_group_size=2", "data.prompts_per_step=4",
+        "sampling.max_new_tokens=16", "sampling.prompt_buckets=[8]", "sampling.decode_chunk=8",
+        "model.lora.rank=4"])
+    r = dry_run(tiny, compile=True)
+    c = r["compiled_memory"]
+    assert r["ok"] and c is not None
+    assert c["opt_state"] < c["params"] / 2  # adapters only: far below 2x the params
