@@ -95,3 +95,12 @@ def test_real_trace_replay_some_rung_in_budget():
     )
     res0 = summarize(sim0, run_policies(sim0, make_policies(sim0.sagc)))
     assert not any(res0[f"static-{g}"]["meets_delta"] for g in (4, 8, 16))
+
+
+@pytest.mark.parametrize("name", ["smollm2_run_replay", "smollm2_run_replay_time"])
+def test_real_grpo_run_trace_replays(name):
+    """The real GRPO run's trace.jsonl replays (bootstrap and time-ordered) in the simulator."""
+    sim = load_sim_config(ROOT / f"configs/sim/real/{name}.yaml", ["steps=40"])
+    res = summarize(sim, run_policies(sim, make_policies(sim.sagc)))
+    assert {"static-4", "static-16", "sagc"} <= set(res)
+    assert all(res[p]["benefit_per_s"] > 0 for p in ("static-4", "static-16", "sagc"))
