@@ -40,11 +40,11 @@ import dataclasses
 import difflib
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, overload
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sagc_jax.config.errors import ConfigError, unknown_key
-from sagc_jax.data.task import Task
+from sagc_jax.data.task import LazySource, Task
 
 __all__ = [
     "HELDOUT_BUCKETS",
@@ -252,7 +252,7 @@ def heldout_examples(options: ReasoningGymOptions, n: int) -> list[dict[str, Any
                       "or lower data.num_eval")
 
 
-class ReasoningGymSource(Sequence[dict[str, Any]]):
+class ReasoningGymSource(LazySource):
     """Lazy random-access training examples (grain ``RandomAccessDataSource`` protocol).
 
     ``src[i]`` is entry ``i`` of the composite seeded ``_train_seed(seed, draw)`` for the first
@@ -262,18 +262,16 @@ class ReasoningGymSource(Sequence[dict[str, Any]]):
     def __init__(self, n: int, seed: int, options: ReasoningGymOptions) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        self._n, self._seed, self._options = int(n), int(seed), options
+        self._n, self._seed, self._options = int(n), int(seed), options  # _build reads _n
         self._draws: dict[int, Any] = {}
-
-    def __len__(self) -> int:
-        return self._n
+        super().__init__(self._build, n)
 
     def _composite(self, draw: int) -> Any:
         if draw not in self._draws:
             self._draws[draw] = self._options.composite(_train_seed(self._seed, draw), self._n)
         return self._draws[draw]
 
-    def _example(self, index: int) -> dict[str, Any]:
+    def _build(self, index: int) -> dict[str, Any]:
         for draw in range(_MAX_DRAWS):
             entry = self._composite(draw)[index]
             if question_split(entry["question"]) == "train":
@@ -286,27 +284,6 @@ class ReasoningGymSource(Sequence[dict[str, Any]]):
         bound — generators have no cheap worst case (see `data.lengths`)."""
         prompts = [self._example(i)["prompt"] for i in range(min(self._n, _LENGTH_SAMPLE))]
         return sorted(prompts, key=len)[-8:]
-
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._n))]
-        index = int(index)
-        if index < 0:
-            index += self._n
-        if not 0 <= index < self._n:
-            raise IndexError(f"index {index} out of range for ReasoningGymSource of length "
-                             f"{self._n}")
-        return self._example(index)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        for i in range(self._n):
-            yield self._example(i)
 
     def __repr__(self) -> str:
         return (f"ReasoningGymSource(n={self._n}, seed={self._seed}, "
