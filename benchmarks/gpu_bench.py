@@ -16,7 +16,7 @@ Parts:
           GPU config's prompts_per_step): ms per decode step, prefill seconds, and the fraction
           of the HBM roofline, bytes = bf16 weights + the KV the step reads (`gpu_steps.py`).
   timing  the linear time model fitted to decode's points, as the simulator's `timing:` block
-          and the trainer's `sagc.model_*` keys, then the simulator suite (configs/sim/*.yaml)
+          and the trainer's `sagc.time_model.*` keys, then the simulator suite (configs/sim/*.yaml)
           with it beside the default guesses (`gpu_timing.py`; no jax).
   sagc    a short GRPO + SAGC run of configs/tiny_cpu.yaml with `sagc.timing=measured`: the
           group sizes SAGC picks on the device's real timings, per step.

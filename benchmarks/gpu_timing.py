@@ -2,7 +2,7 @@
 rerun with it. No jax: it reads the decode part's JSON and runs on the host's CPUs.
 
 Time model (`sagc_jax/sagc/timing.py`, the simulator's `timing:` section; the trainer's
-`sagc.timing: model` uses the same terms as `sagc.model_*`): seconds per decode step
+`sagc.timing: model` uses the same terms as `sagc.time_model.*`): seconds per decode step
 `decode_a + decode_b * rows`, seconds per prefill call `prefill_a + prefill_b * rows`, rows =
 prompts x G. Fitted by least squares (both terms >= 0) to the decode part's points, which hold
 the prompts fixed (the GPU config's 16) and vary G, as `batch_policy: prompts` does in a run.
@@ -49,7 +49,7 @@ def fit_linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def fit_time_model(decode: dict[str, Any]) -> dict[str, Any]:
-    """The `timing:` block, the `sagc.model_*` overrides and the fit's worst relative error,
+    """The `timing:` block, the `sagc.time_model.*` overrides and the fit's worst relative error,
     from the decode part's result."""
     pts = decode["points"]
     if len(pts) < 2:
@@ -62,8 +62,8 @@ def fit_time_model(decode: dict[str, Any]) -> dict[str, Any]:
     timing = {"decode_a": da, "decode_b": db, "prefill_a": pa, "prefill_b": pb,
               "decode_chunk": int(decode["decode_chunk"])}
     time_model_from_dict(timing)  # the simulator accepts it (raises on a bad key or value)
-    keys = {f"model_{k}": timing[k] for k in TERMS}
-    SAGCConfig.from_dict(keys)  # ... and so does the trainer's sagc section
+    keys = {f"time_model.{k}": timing[k] for k in TERMS}
+    SAGCConfig.from_dict({"time_model": {k: timing[k] for k in TERMS}})  # ... and the trainer's
     err = {"decode": float(np.max(np.abs(da + db * rows - dec) / dec)),
            "prefill": float(np.max(np.abs(pa + pb * rows - pre) / np.maximum(pre, 1e-12)))}
     inner = ", ".join(f"{k}: {timing[k]:.4g}" for k in TERMS)

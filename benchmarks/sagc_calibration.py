@@ -5,9 +5,10 @@
 
 Runs the shipped SAGC policy through the workload and, at every step, records what its state
 predicts for each candidate g (`predicted_benefit`, `predicted_cost`; the benefit also with
-`pass_em_iters: 0`, the moments Beta alone) and what each g would have realised on the same
-draw (`simulate.run_step` at every rung: common random numbers). Prints the per-window means
-and the ratio of the top two rungs, which is what a choice between them turns on.
+the constant `pass_em_iters` patched to 0, the moments Beta alone) and what each g would have
+realised on the same draw (`simulate.run_step` at every rung: common random numbers). Prints
+the per-window means and the ratio of the top two rungs, which is what a choice between them
+turns on.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sagc_jax.config.sagc_constants import override_constants  # noqa: E402
 from sagc_jax.sagc.estimators import predicted_benefit, predicted_cost  # noqa: E402
-from sagc_jax.sagc.policy import SAGCPolicy  # noqa: E402
-from sagc_jax.sagc.simulate import load_sim_config, run_step  # noqa: E402
+from sagc_jax.sagc.simulate import load_sim_config, run_step, sagc_policy  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,16 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sim = load_sim_config(args.config, [f"seed={args.seed}", *args.set])
     cfg = sim.sagc
-    beta_cfg = cfg.model_copy(update={"pass_em_iters": 0})
     sizes = list(cfg.group_sizes)
-    pol = SAGCPolicy(cfg)
+    pol = sagc_policy(sim)
     rec: dict[str, list[np.ndarray]] = {k: [] for k in ("ben", "beta", "cost", "real", "sec")}
     for t in range(sim.steps):
         g = pol.choose()
         draw = sim.workload.draw(t)
         runs = [run_step(sim, draw, x) for x in sizes]
         rec["ben"].append(predicted_benefit(cfg, pol.state))
-        rec["beta"].append(predicted_benefit(beta_cfg, pol.state))
+        with override_constants(pass_em_iters=0):
+            rec["beta"].append(predicted_benefit(cfg, pol.state))
         rec["cost"].append(predicted_cost(cfg, pol.state))
         rec["real"].append(np.array([r[2] for r in runs]))
         rec["sec"].append(np.array([r[1] for r in runs]))

@@ -68,7 +68,7 @@ def _phase_means(sim, traj: dict, steps: int) -> tuple[dict, np.ndarray, list[in
 
 def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) -> dict:
     sim = load_sim_config(config, [f"seed={seed}", *sets])
-    pols = make_policies(sim.sagc)
+    pols = make_policies(sim)
     missing = [n for n in names if n not in pols]
     if missing:
         raise SystemExit(f"--policies: unknown {missing}; this config has {sorted(pols)}")
@@ -94,7 +94,7 @@ def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) 
 def _population(seed: int, config: str, steps: int, sets: list[str]) -> dict:
     """The static rungs' per-phase means on one independent seed (no controller)."""
     sim = load_sim_config(config, [f"seed={seed}", *sets])
-    pols = make_policies(sim.sagc)
+    pols = make_policies(sim)
     statics = {f"static-{g}": pols[f"static-{g}"] for g in sim.sagc.group_sizes}
     return _phase_means(sim, run_policies(sim, statics, steps=steps), steps)[0]
 

@@ -27,12 +27,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sagc_jax.sagc.policy import SAGCPolicy  # noqa: E402
 from sagc_jax.sagc.simulate import (  # noqa: E402
     load_sim_config,
     make_policies,
     oracle_summary,
     run_policies,
+    sagc_policy,
     summarize,
 )
 
@@ -48,7 +48,7 @@ def _static_part(path: Path, seed: int, sets: list[str], cache: Path) -> tuple[d
     if f.exists():
         return pickle.loads(f.read_bytes())
     sim = load_sim_config(path, [f"seed={seed}", *sets])
-    pols = {k: v for k, v in make_policies(sim.sagc).items() if k != "sagc"}
+    pols = {k: v for k, v in make_policies(sim).items() if k != "sagc"}
     traj = run_policies(sim, pols)
     summ = summarize(sim, traj)
     summ["causal"] = oracle_summary(sim, traj, causal=True)
@@ -65,7 +65,7 @@ def run_one(args: tuple[str, int, list[str], list[str], str]) -> dict:
     summ, _ = _static_part(path, seed, sets, Path(cache_s))
     sim = load_sim_config(path, [f"seed={seed}", *sets, *[f"sagc.{o}" for o in overrides]])
     t0 = time.perf_counter()
-    sagc_traj = run_policies(sim, {"sagc": SAGCPolicy(sim.sagc)})
+    sagc_traj = run_policies(sim, {"sagc": sagc_policy(sim)})
     sec = time.perf_counter() - t0
     s = summarize(sim, sagc_traj)["sagc"]
     delta, tol = sim.sagc.delta, sim.tolerance

@@ -177,6 +177,14 @@ def verify(what: str, tree: Any, saved: list[str] | None, *, host: bool = False)
         raise CheckpointCorruptError(f"{what}: checksum mismatch in {', '.join(bad[:3])}{more}")
 
 
+def _sagc_keys(sagc: dict[str, Any]) -> list[str]:
+    """The SAGC state's leaves as ``sub/key`` paths (one sub-dict per sub-model), sorted."""
+    out: list[str] = []
+    for m, sub in sagc.items():
+        out += [f"{m}/{k}" for k in sub] if isinstance(sub, dict) else [str(m)]
+    return sorted(out)
+
+
 def _checksums_file(path: Path) -> Path:
     return path.parent / f"{path.name}{CHECKSUMS_SUFFIX}"
 
@@ -189,7 +197,7 @@ class Snapshot:
     step: int
     params: Any  # nnx.State of the model
     opt_state: Any
-    sagc: dict[str, np.ndarray]
+    sagc: dict[str, dict[str, np.ndarray]]  # the SAGC state: sub-model -> its arrays
     data_iter: Any  # grain DatasetIterator, or a list of them (one per owned data shard);
     # restored in place
 
@@ -363,8 +371,8 @@ class RunCheckpointer:
             return False
         data = _data_items(state.data_iter)
         params, opt = _pure(state.params), _flat(state.opt_state)
-        sagc = {k: np.asarray(v) for k, v in state.sagc.items()}
-        meta = {"step": step, "sagc_keys": sorted(state.sagc), "data_items": len(data),
+        sagc = jax.tree.map(np.asarray, state.sagc)
+        meta = {"step": step, "sagc_keys": _sagc_keys(sagc), "data_items": len(data),
                 "data_states": _data_states(data),
                 # Computed on device before the async write, from the same arrays it copies.
                 "checksums": {"params": fingerprints(params), "opt_state": fingerprints(opt),
@@ -505,7 +513,7 @@ class RunCheckpointer:
     def _restore(self, step: int, template: Snapshot) -> Snapshot:
         pure_t = _pure(template.params)
         flat_opt = _flat(template.opt_state)
-        sagc_t = {k: np.asarray(v) for k, v in template.sagc.items()}
+        sagc_t = jax.tree.map(np.asarray, template.sagc)
         where = f"checkpoint step {step} in {self.directory}"
         try:
             meta = self.manager.restore(
@@ -517,7 +525,13 @@ class RunCheckpointer:
             if err is e:
                 raise
             raise err from None
-        missing = set(sagc_t) - set(meta["sagc_keys"])
+        saved_keys = [str(k) for k in meta["sagc_keys"]]
+        missing = set(_sagc_keys(sagc_t)) - set(saved_keys)
+        if missing and saved_keys and not any("/" in k for k in saved_keys):
+            raise CheckpointMismatchError(
+                f"checkpoint step {step}: SAGC state key {sorted(saved_keys)[0]!r} is from the "
+                "old flat layout: the SAGC state layout changed in the controller core rewrite "
+                "(issue 32); resume it with the version that wrote it, or start a new run.dir")
         if missing:
             raise CheckpointMismatchError(
                 f"checkpoint step {step}: SAGC state lacks {sorted(missing)}")
@@ -542,8 +556,8 @@ class RunCheckpointer:
         sums = meta.get("checksums") or {}
         verify(f"{where}: params", got["params"], sums.get("params"))
         verify(f"{where}: opt_state", got["opt_state"], sums.get("opt_state"))
-        verify(f"{where}: sagc", {k: np.asarray(v) for k, v in got["sagc"].items()},
-               sums.get("sagc"), host=True)
+        verify(f"{where}: sagc", jax.tree.map(np.asarray, got["sagc"]), sums.get("sagc"),
+               host=True)
         params = jax.tree.map(lambda x: x, template.params)
         nnx.replace_by_pure_dict(params, got["params"])
         treedef = jax.tree.structure(template.opt_state)
@@ -553,7 +567,7 @@ class RunCheckpointer:
         if states is not None and states != _data_states(data):
             raise CheckpointCorruptError(f"{where}: data iterator state differs from the one "
                                          "saved")
-        sagc = {k: np.asarray(v) for k, v in got["sagc"].items()}
+        sagc = jax.tree.map(np.asarray, got["sagc"])
         return Snapshot(step=step, params=params, opt_state=opt_state, sagc=sagc,
                         data_iter=template.data_iter)
 

@@ -280,8 +280,7 @@ def test_sections_built_directly_raise_one_line_errors() -> None:
         (lambda: RewardSpec(weight=2.0), "rewards[*].name: required"),
         (lambda: RewardSpec(" "), "rewards[*].name: must be a non-empty string"),
         (lambda: SAGCConfig(tau=0.5), "sagc.tau: must be >= 1, got 0.5"),
-        (lambda: SAGCConfig(pass_threshold=float("nan")),
-         "sagc.pass_threshold: must be a finite number, got nan"),
+        (lambda: SAGCConfig(V=float("nan")), "sagc.V: must be a finite number, got nan"),
     ]:
         with pytest.raises(ConfigError) as exc:
             build()
@@ -305,12 +304,15 @@ def test_sagc_section_declared_once() -> None:
 
     sim = parse_sim_config({"seed": 0})
     assert type(Config().sagc) is SAGCConfig is ControllerSAGC
-    # The same defaults; each fills in its own run length as the horizon.
-    assert sim.sagc.model_copy(update={"horizon": None}) == Config().sagc == SAGCConfig()
-    assert sim.sagc.horizon == sim.steps
+    # The same defaults; each passes its own run length as the horizon (and the simulator its
+    # seed) when it builds the controller.
+    assert sim.sagc == Config().sagc == SAGCConfig()
     s = SAGCConfig()
     assert (s.half_life, s.risk, s.warmup_steps, s.tau) == (100.0, "q90", 4, 2.0)
-    assert parse_sim_config({"seed": 7}).sagc.seed == 7  # the simulator's seed seeds SAGC
+    from sagc_jax.sagc.simulate import sagc_policy
+
+    dec = sagc_policy(parse_sim_config({"seed": 7, "steps": 30})).state["decision"]
+    assert (int(dec["seed"]), int(dec["horizon"])) == (7, 30)  # the simulator's seed seeds SAGC
     for bad, msg in [
         ({"detla": 0.5}, "unknown key 'sagc.detla' (did you mean 'sagc.delta'?)"),
         ({"tau": 0.5}, "sagc.tau: must be >= 1, got 0.5"),
@@ -365,10 +367,11 @@ def test_algo_options_load() -> None:
     assert default.adv_eps == 1e-4 and default.clip_delta is None and default.std_ddof == 0
 
 
-def test_sagc_horizon_is_the_run_length_unless_set() -> None:
-    from sagc_jax.train.setup import _with_horizon
+def test_sagc_horizon_is_the_run_length() -> None:
+    from sagc_jax.train.setup import _make_policy
 
-    assert _with_horizon(load_config(None, ["run.steps=77"])).horizon == 77
-    assert _with_horizon(load_config(None, ["run.steps=77", "sagc.horizon=500"])).horizon == 500
-    with pytest.raises(ConfigError, match=r"sagc\.horizon"):
-        load_config(None, ["sagc.horizon=0"])
+    pol = _make_policy(load_config(None, ["run.steps=77"]))
+    assert int(pol.state["decision"]["horizon"]) == 77 and int(pol.state["decision"]["seed"]) == 0
+    # No longer a key: one line saying who passes it now.
+    with pytest.raises(ConfigError, match=r"^sagc\.horizon: removed .*passed by the trainer"):
+        load_config(None, ["sagc.horizon=500"])

@@ -106,8 +106,8 @@ def test_cpu_smoke_timing_model_and_suite(smoke):
     assert all(v >= 0 for v in t["timing"].values()) and t["timing"]["decode_chunk"] == 8
     assert t["fit_rows"] == [2, 4] and t["yaml"].startswith("timing: {decode_a: ")
     assert [o.split("=")[0] for o in t["sagc_overrides"]] == [
-        "sagc.model_decode_a", "sagc.model_decode_b", "sagc.model_prefill_a",
-        "sagc.model_prefill_b"]
+        "sagc.time_model.decode_a", "sagc.time_model.decode_b", "sagc.time_model.prefill_a",
+        "sagc.time_model.prefill_b"]
     n_configs = len(list((ROOT / "configs" / "sim").glob("*.yaml")))
     assert len(t["sim"]) == 2 * n_configs
     assert {s["timing"] for s in t["sim"]} == {"default", "measured"}
@@ -187,7 +187,7 @@ def test_fit_time_model_recovers_a_linear_model():
     assert t["decode_a"] == pytest.approx(0.004) and t["decode_b"] == pytest.approx(2e-6)
     assert t["prefill_a"] == pytest.approx(0.03) and t["prefill_b"] == pytest.approx(1e-5)
     assert fit["fit_max_rel_err"]["decode"] < 1e-9 and t["decode_chunk"] == 32
-    assert fit["sagc_overrides"][0] == "sagc.model_decode_a=0.004"
+    assert fit["sagc_overrides"][0] == "sagc.time_model.decode_a=0.004"
 
 
 def test_fit_linear_keeps_terms_non_negative():

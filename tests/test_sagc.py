@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from sagc_jax.config.sagc_constants import constants, override_constants
 from sagc_jax.sagc import (
     Observation,
     SAGCConfig,
@@ -23,6 +24,7 @@ from sagc_jax.sagc import (
     prompts_for,
     straggler_events,
 )
+from sagc_jax.sagc.controller import copy_state
 from sagc_jax.sagc.estimators import (
     benefit_per_prompt,
     benefit_rate,
@@ -35,7 +37,7 @@ from sagc_jax.sagc.estimators import (
     posterior_risk,
     truncation_rate,
 )
-from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step
+from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step, sagc_policy
 
 # Accelerator-like workload pieces reused below (see configs/sim/*.yaml for the benchmarks).
 LIGHT = {"group_spread": 0.1, "prompt_spread": 0.3, "loop_prob": 0.0, "max_new_tokens": 1024}
@@ -49,14 +51,15 @@ def _sim(
         "steps": steps,
         "seed": seed,
         "workload": workload,
-        "sagc": sagc or {},
+        # The properties below are stated for the event rate (delta 0.1 by default).
+        "sagc": {"straggler": "group_ratio", **(sagc or {})},
         "timing": timing or {},
     }
     return parse_sim_config(raw)
 
 
 def _run_sagc(sim, steps: int | None = None):
-    pol = SAGCPolicy(sim.sagc)
+    pol = sagc_policy(sim)
     return pol, run_policies(sim, {"sagc": pol}, steps)["sagc"]
 
 
@@ -78,7 +81,7 @@ def test_binomial_llr_closed_forms():
 def test_no_change_detected_on_a_stationary_workload():
     sim = _sim(300, {"group_spread": 0.35, "loop_prob": 0.002, "max_new_tokens": 2048})
     pol, _ = _run_sagc(sim)
-    assert int(pol.state["changes"]) <= 1
+    assert int(pol.state["change"]["changes"]) <= 1
 
 
 def test_hypergeom_matches_bruteforce_enumeration():
@@ -150,7 +153,7 @@ def test_counterfactual_risk_above_G_truncation_is_analytic():
 def test_model_extended_groups_count_as_less_evidence(power):
     # One step of 5 groups at G = 4: exact evidence (weight 1 per group) about g <= 4, and
     # (4/g)^power groups' worth per group about each g > 4 (extended by the length model).
-    cfg = SAGCConfig(group_sizes=(2, 4, 8, 16), initial_group_size=4, extrapolation_power=power)
+    cfg = SAGCConfig(group_sizes=(2, 4, 8, 16), initial_group_size=4)
     rng = np.random.default_rng(1)
     obs = Observation(
         group_size=4,
@@ -159,16 +162,17 @@ def test_model_extended_groups_count_as_less_evidence(power):
         rewards=rng.random(20),
         max_new_tokens=256,
     )
-    st = observe(cfg, init_state(cfg), obs)
-    n = st["risk_a"] + st["risk_b"]
+    with override_constants(extrapolation_power=power):
+        st = observe(cfg, init_state(cfg), obs)
+    n = st["risk"]["a"] + st["risk"]["b"]
     np.testing.assert_allclose(n, 5 * np.array([1.0, 1.0, 0.5**power, 0.25**power]))
 
 
 def test_risk_quantile_is_the_beta_quantile():
     """``risk: q90`` is the 0.9 quantile of the Beta posterior (closed forms where they exist)."""
     q = 0.9
-    cfg = SAGCConfig(group_sizes=(4, 8, 12), initial_group_size=4, risk="q90", window_rows=64)
-    st = {"risk_a": np.array([0.5, 2.5, 0.5]), "risk_b": np.array([0.5, 0.5, 3.5])}  # + 0.5 prior
+    cfg = SAGCConfig(group_sizes=(4, 8, 12), initial_group_size=4, risk="q90")
+    st = {"risk": {"a": np.array([0.5, 2.5, 0.5]), "b": np.array([0.5, 0.5, 3.5])}}  # + 0.5 prior
     np.testing.assert_allclose(posterior_risk(cfg, st), [q, q ** (1 / 3), 1 - (1 - q) ** 0.25],
                                atol=1e-9)
     assert (posterior_risk(cfg, st) > posterior_risk(cfg, st, mean=True)).all()
@@ -188,7 +192,7 @@ def test_long_run_straggler_rate_within_delta_when_feasible():
             "static-16": StaticPolicy(
                 sim.sagc.model_copy(update={"enabled": False, "initial_group_size": 16})
             ),
-            "sagc": SAGCPolicy(sim.sagc),
+            "sagc": sagc_policy(sim),
         },
     )
     assert traj["static-16"]["straggler_rate"].mean() > 0.2  # the constraint binds
@@ -211,7 +215,7 @@ def test_group_size_falls_after_heavier_tail_and_recovers():
     rise16 = np.flatnonzero(g[light_at:] == 16)
     assert len(rise16) and rise16[0] <= 30
     assert (g[light_at + 30 :] == 16).all()
-    assert 2 <= int(pol.state["changes"]) <= 4  # the two drifts, not noise
+    assert 2 <= int(pol.state["change"]["changes"]) <= 4  # the two drifts, not noise
 
 
 def test_settles_on_largest_g_without_stragglers_and_flat_cost():
@@ -235,8 +239,9 @@ def test_same_seed_same_decisions_and_state():
     p1, t1 = _run_sagc(sim)
     p2, t2 = _run_sagc(sim)
     np.testing.assert_array_equal(t1["group_size"], t2["group_size"])
-    for k in p1.state:
-        np.testing.assert_array_equal(p1.state[k], p2.state[k])
+    for m, sub in p1.state.items():
+        for k in sub:
+            np.testing.assert_array_equal(sub[k], p2.state[m][k])
 
 
 def test_state_roundtrips_orbax_and_decisions_continue(tmp_path):
@@ -247,19 +252,25 @@ def test_state_roundtrips_orbax_and_decisions_continue(tmp_path):
         mgr.save(30, args=ocp.args.StandardSave(pol.state))
         mgr.wait_until_finished()
         restored = mgr.restore(30, args=ocp.args.StandardRestore(pol.state))
-    pol2 = SAGCPolicy(sim.sagc)
+    pol2 = SAGCPolicy(sim.sagc)  # no horizon, seed 0: both come back from the state
     pol2.load_state(restored)
-    for k, v in pol.state.items():
-        assert pol2.state[k].dtype == v.dtype and pol2.state[k].shape == v.shape
-        np.testing.assert_array_equal(pol2.state[k], v)
+    for m, sub in pol.state.items():
+        for k, v in sub.items():
+            got = pol2.state[m][k]
+            assert got.dtype == v.dtype and got.shape == v.shape
+            np.testing.assert_array_equal(got, v)
+    assert int(pol2.state["decision"]["horizon"]) == sim.steps
     a = run_policies(sim, {"x": pol}, steps=30, start=30)["x"]
     b = run_policies(sim, {"x": pol2}, steps=30, start=30)["x"]
     np.testing.assert_array_equal(a["group_size"], b["group_size"])
     np.testing.assert_array_equal(a["reason"], b["reason"])
     # A state from another controller version (here: the moment sums of the old benefit model)
     # is refused with the keys named, not silently reshaped.
-    old = {k: v for k, v in restored.items() if k != "pass_hist"} | {"pass_s": np.zeros(3)}
-    with pytest.raises(ValueError, match=r"missing \['pass_hist'\], unexpected \['pass_s'\]"):
+    bf = {k: v for k, v in restored["benefit"].items() if k != "pass_hist"}
+    old = {**restored, "benefit": bf | {"pass_s": np.zeros(3)}}
+    with pytest.raises(
+        ValueError, match=r"missing \['benefit/pass_hist'\], unexpected \['benefit/pass_s'\]"
+    ):
         pol2.load_state(old)
 
 
@@ -269,14 +280,15 @@ def test_state_roundtrips_orbax_and_decisions_continue(tmp_path):
 def test_pure_functions_do_not_mutate_state():
     cfg = SAGCConfig()
     st = init_state(cfg)
-    snap = {k: v.copy() for k, v in st.items()}
+    snap = copy_state(st)
     sim = _sim(1, {})
     obs, _, _ = run_step(sim, sim.workload.draw(0), 8)
     new = observe(cfg, st, obs)
     choose(cfg, new)
-    for k in st:
-        np.testing.assert_array_equal(st[k], snap[k])
-    assert int(new["step"]) == 1
+    for m, sub in st.items():
+        for k in sub:
+            np.testing.assert_array_equal(sub[k], snap[m][k])
+    assert int(new["decision"]["step"]) == 1
     g, info = choose(cfg, st)
     assert g == 8 and info["reason"] == "warmup"
     for key in ("risk", "cost", "benefit", "J", "score", "queue", "feasible"):
@@ -284,7 +296,7 @@ def test_pure_functions_do_not_mutate_state():
 
 
 def test_static_policy_metrics_and_factory():
-    cfg = SAGCConfig(enabled=False, initial_group_size=12)
+    cfg = SAGCConfig(enabled=False, initial_group_size=12, straggler="group_ratio")
     pol = make_policy(cfg)
     assert isinstance(pol, StaticPolicy) and pol.choose() == 12
     assert isinstance(make_policy(SAGCConfig()), SAGCPolicy)
@@ -300,7 +312,8 @@ def test_static_policy_metrics_and_factory():
     )
     m = pol.observe(obs)
     assert m["straggler_rate"] == 1.0  # group 0: 50 > 2*10; group 1: truncated
-    m2 = make_policy(cfg.model_copy(update={"count_truncated": False})).observe(obs)
+    with override_constants(count_truncated=False):
+        m2 = make_policy(cfg).observe(obs)
     assert m2["straggler_rate"] == 0.5
 
 
@@ -332,7 +345,12 @@ def test_prompts_for_batch_policies():
         ({"risk": "q40"}, "risk"),
         ({"half_life": 0}, "half_life"),
         ({"batch_policy": "rows"}, "batch_policy"),
-        ({"max_rung_step": -1}, "max_rung_step"),
+        ({"tau": 0.5}, "tau"),
+        ({"V": -1.0}, "V"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"straggler": "p99"}, "straggler"),
+        ({"timing": "clock"}, "timing"),
+        ({"rollouts_per_step": 0}, "rollouts_per_step"),
     ],
 )
 def test_config_validation_names_the_field(kw, field):
@@ -351,77 +369,57 @@ def test_smallest_rung_is_judged_on_its_mean_risk():
     # below: with floor_on_mean the floor is feasible and the queue decides; without, the run
     # holds g = 4 on "no_feasible" until the bound itself falls (a heavy start remembered).
     for floor, reason in ((True, "score"), (False, "no_feasible")):
-        cfg = SAGCConfig(group_sizes=(4, 8, 16), floor_on_mean=floor)
+        cfg = SAGCConfig(group_sizes=(4, 8, 16), straggler="group_ratio")
         state = init_state(cfg)
-        state["step"] = np.array(cfg.warmup_steps + 10, np.int64)
-        state["risk_a"] = np.array([9.0, 30.0, 60.0])
-        state["risk_b"] = np.array([91.0, 70.0, 40.0])
-        g, info = choose(cfg, state)
-        assert info["risk"][0] > cfg.delta  # the quantile alone: nothing feasible
-        assert info["reason"] == reason and info["feasible"][0] is floor
-        assert g in ((4, 8) if floor else (4,))
-        # A floor whose mean risk is above delta is held either way.
-        state["risk_a"][0], state["risk_b"][0] = 15.0, 85.0
-        assert choose(cfg, state)[1]["reason"] == "no_feasible"
-
-
-def test_near_ties_go_to_the_larger_rung():
-    # On a light-then-heavy workload, every "score" decision picks the largest feasible
-    # eligible rung whose score is within tie_margin of the best eligible one, or the best one
-    # if that is larger (tie_margin 0: the argmax).
-    wl = {**LIGHT, "loop_prob": 0.002, "drift": [{"at_step": 60, **HEAVY}]}
-    ties = {}
-    for margin in (0.0, 0.02, 0.3):
-        sim = _sim(120, wl, sagc={"tie_margin": margin})
-        pol, seen, ties[margin] = SAGCPolicy(sim.sagc), 0, 0
-        for t in range(sim.steps):
-            g = pol.choose()
-            info = pol.last_info
-            if info["reason"] == "score":
-                score = np.where(info["eligible"], info["score"], -np.inf)
-                top = int(np.argmax(score))
-                near = np.flatnonzero((score >= score.max() - margin) & info["feasible"])
-                best = max(top, near.max()) if margin > 0 and len(near) else top
-                assert g == sim.sagc.group_sizes[best]
-                ties[margin] += int(best != top)
-                seen += 1
-            pol.observe(run_step(sim, sim.workload.draw(t), g)[0])
-        assert seen > 40
-    assert ties[0.3] > 0  # the margin moved some decisions: the check above has teeth
+        state["decision"]["step"] = np.array(cfg.warmup_steps + 10, np.int64)
+        state["risk"]["a"] = np.array([9.0, 30.0, 60.0])
+        state["risk"]["b"] = np.array([91.0, 70.0, 40.0])
+        with override_constants(floor_on_mean=floor):
+            g, info = choose(cfg, state)
+            assert info["risk"][0] > cfg.delta  # the quantile alone: nothing feasible
+            assert info["reason"] == reason and info["feasible"][0] is floor
+            assert g in ((4, 8) if floor else (4,))
+            # A floor whose mean risk is above delta is held either way.
+            state["risk"]["a"][0], state["risk"]["b"][0] = 15.0, 85.0
+            assert choose(cfg, state)[1]["reason"] == "no_feasible"
 
 
 def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
     # No stragglers at all: each step saves delta of budget, at most credit_cap of it.
     wl = {**LIGHT, "group_spread": 0.05}
-    sim = _sim(30, wl, sagc={"credit_cap": 1.0, "credit_horizon": 10.0})
-    pol, _ = _run_sagc(sim)
-    assert float(pol.state["credit"]) == pytest.approx(1.0)
-    assert float(pol.state["queue"]) == 0.0
-    _, info = choose(sim.sagc, pol.state)
-    assert info["risk_cap"] == pytest.approx(sim.sagc.delta + 1.0 / 10.0)
+    sim = _sim(30, wl, sagc={"half_life": 50.0})
+    with override_constants(credit_cap=1.0):
+        pol, _ = _run_sagc(sim)
+        assert float(pol.state["budget"]["credit"]) == pytest.approx(1.0)
+        assert float(pol.state["budget"]["queue"]) == 0.0
+        _, info = choose(sim.sagc, pol.state)
+    # The credit horizon is 3 x half_life.
+    assert info["risk_cap"] == pytest.approx(sim.sagc.delta + 1.0 / 150.0)
     # Switched off: the queue only counts debt, and the cap is delta.
-    pol0, _ = _run_sagc(_sim(30, wl, sagc={"credit_cap": 0.0}))
-    assert float(pol0.state["credit"]) == 0.0
-    assert choose(pol0.cfg, pol0.state)[1]["risk_cap"] == pytest.approx(0.1)
+    with override_constants(credit_cap=0.0):
+        pol0, _ = _run_sagc(_sim(30, wl))
+        assert float(pol0.state["budget"]["credit"]) == 0.0
+        assert choose(pol0.cfg, pol0.state)[1]["risk_cap"] == pytest.approx(0.1)
 
 
 def test_benefit_rate_projects_the_current_regime_to_the_horizon():
-    cfg = SAGCConfig(horizon=1000)
-    state = init_state(cfg)
+    cfg = SAGCConfig()
+    state = init_state(cfg, horizon=1000)
     ben, cost = np.array([5.0, 8.0]), np.array([10.0, 20.0])
     # No timed step yet: the best predicted benefit per second.
     assert benefit_rate(cfg, state, ben, cost) == pytest.approx(0.5)
     # 400 steps so far at 0.8 benefit/s overall; the recent regime runs 6 per 30 s (0.2/s).
-    state["step"] = np.array(400)
-    state["total_s"] = np.array([3200.0, 4000.0])
-    state["rate_now"] = np.array([60.0, 300.0, 10.0])
+    state["decision"]["step"] = np.array(400)
+    state["benefit"]["total_s"] = np.array([3200.0, 4000.0])
+    state["benefit"]["rate_now"] = np.array([60.0, 300.0, 10.0])
     lam = benefit_rate(cfg, state, ben, cost)
     assert lam == pytest.approx((3200 + 600 * 6) / (4000 + 600 * 30))  # 600 steps left
     # Near the end the run's own rate dominates; without a horizon, the discounted rate.
-    state["step"] = np.array(999)
+    state["decision"]["step"] = np.array(999)
     assert benefit_rate(cfg, state, ben, cost) == pytest.approx((3200 + 6) / (4000 + 30))
-    state["rate_s"] = np.array([1.0, 4.0])
-    assert benefit_rate(SAGCConfig(), state, ben, cost) == pytest.approx(0.25)
+    state["benefit"]["rate_s"] = np.array([1.0, 4.0])
+    state["decision"]["horizon"] = np.array(0)
+    assert benefit_rate(cfg, state, ben, cost) == pytest.approx(0.25)
 
 
 def _beta_benefit(g: int, a: float, b: float) -> float:
@@ -445,14 +443,14 @@ def _expected_hist(cfg: SAGCConfig, rung: int, groups: float, ps, ws) -> np.ndar
 def test_observe_counts_passes_per_rung_and_discounts_the_rest():
     cfg = SAGCConfig(group_sizes=(4, 8), initial_group_size=4, half_life=10.0)
     state = init_state(cfg)
-    state["pass_hist"][1, 3] = 2.0
+    state["benefit"]["pass_hist"][1, 3] = 2.0
     rewards = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]], float)
     obs = Observation(group_size=4, lengths=np.full(16, 10), truncated=np.zeros(16, bool),
                       rewards=rewards.reshape(-1), max_new_tokens=64, prefill_s=0.1,
                       decode_s=1.0, decode_steps=10, rows=16, prompts=4)
     new = observe(cfg, state, obs)
-    np.testing.assert_allclose(new["pass_hist"][0], [1, 1, 1, 0, 1, 0, 0, 0, 0])
-    assert new["pass_hist"][1, 3] == pytest.approx(2.0 * 0.5 ** 0.1)
+    np.testing.assert_allclose(new["benefit"]["pass_hist"][0], [1, 1, 1, 0, 1, 0, 0, 0, 0])
+    assert new["benefit"]["pass_hist"][1, 3] == pytest.approx(2.0 * 0.5 ** 0.1)
 
 
 def test_benefit_model_is_the_beta_on_beta_pass_rates():
@@ -463,7 +461,7 @@ def test_benefit_model_is_the_beta_on_beta_pass_rates():
     grid = np.linspace(0.0005, 0.9995, 1000)  # the Beta as a fine mixture
     dens = grid ** (a - 1) * (1 - grid) ** (b - 1)
     state = init_state(cfg)
-    state["pass_hist"] = _expected_hist(cfg, 4, 5000.0, grid, dens / dens.sum())
+    state["benefit"]["pass_hist"] = _expected_hist(cfg, 4, 5000.0, grid, dens / dens.sum())
     fa, fb = pass_rate_beta(cfg, state)
     assert (fa, fb) == pytest.approx((a, b), rel=0.03)
     w = pass_rate_mixture(cfg, state)
@@ -479,35 +477,36 @@ def test_benefit_model_fits_pass_rates_that_are_not_beta():
     cfg = SAGCConfig(group_sizes=(4, 8, 12, 16), initial_group_size=12)
     ps, ws = [0.0, 0.85], [1 / 3, 2 / 3]
     state = init_state(cfg)
-    state["pass_hist"] = _expected_hist(cfg, 12, 2000.0, ps, ws)
+    state["benefit"]["pass_hist"] = _expected_hist(cfg, 12, 2000.0, ps, ws)
     truth = {g: sum(w * (1 - p**g - (1 - p) ** g) for p, w in zip(ps, ws)) * (1 - 1 / g)
              for g in cfg.group_sizes}
     beta_err = abs(_beta_benefit(16, *pass_rate_beta(cfg, state)) / truth[16] - 1)
     assert beta_err > 0.1
 
     def err(iters: int) -> np.ndarray:
-        c = SAGCConfig(group_sizes=(4, 8, 12, 16), initial_group_size=12, pass_em_iters=iters)
-        w = pass_rate_mixture(c, state)
+        c = SAGCConfig(group_sizes=(4, 8, 12, 16), initial_group_size=12)
+        with override_constants(pass_em_iters=iters):
+            w = pass_rate_mixture(c, state)
         assert w.sum() == pytest.approx(1.0) and (w >= 0).all()
         return np.array([abs(benefit_per_prompt(g, w) / truth[g] - 1) for g in c.group_sizes])
 
     # 0 iterations: the moments Beta (discretised on the grid); the default cuts the error of
     # g = 16 by > 3x; run to convergence, EM finds the mixture (its atoms are grid points).
     assert err(0)[-1] == pytest.approx(beta_err, abs=0.01)
-    assert err(cfg.pass_em_iters)[-1] < beta_err / 3
+    assert err(constants().pass_em_iters)[-1] < beta_err / 3
     assert (err(300) < 0.01).all()
 
 
 def test_truncation_rate_prior_is_the_run_so_far():
-    state = init_state(SAGCConfig())
-    state["trunc_total"] = np.array([10_000.0, 20.0])  # 0.2 % of rows looped over the run
-    state["trunc_s"] = np.zeros(2)  # ... and a change point just restarted the regime memory
-    assert truncation_rate(state) == pytest.approx(20.1 / 10_001, rel=1e-9)
+    length = init_state(SAGCConfig())["length"]
+    length["trunc_total"] = np.array([10_000.0, 20.0])  # 0.2 % of rows looped over the run
+    length["trunc_s"] = np.zeros(2)  # ... and a change point just restarted the regime memory
+    assert truncation_rate(length) == pytest.approx(20.1 / 10_001, rel=1e-9)
     # A long clean regime outweighs the prior (worth 1000 rows).
-    state["trunc_s"] = np.array([100_000.0, 10.0])
+    length["trunc_s"] = np.array([100_000.0, 10.0])
     p0 = 20.1 / 10_001
-    assert truncation_rate(state) == pytest.approx((10 + 1000 * p0) / 101_000, rel=1e-9)
-    assert 1e-4 < truncation_rate(state) < 1.3e-4
+    assert truncation_rate(length) == pytest.approx((10 + 1000 * p0) / 101_000, rel=1e-9)
+    assert 1e-4 < truncation_rate(length) < 1.3e-4
 
 
 def _trend_sums(steps: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -516,44 +515,47 @@ def _trend_sums(steps: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def test_length_trend_is_the_fitted_slope_and_ignores_noise():
-    state = init_state(SAGCConfig())
+    length = init_state(SAGCConfig())["length"]
     t = np.arange(100.0, 200.0)
     rng = np.random.default_rng(0)
     # Lengths that double every 300 steps, with a little step-to-step noise: the slope.
-    state["trend_s"] = _trend_sums(t, np.log(150.0) + t * math.log(2) / 300
-                                   + 0.01 * rng.standard_normal(len(t)))
-    assert length_trend(state) == pytest.approx(math.log(2) / 300, rel=0.05)
+    length["trend_s"] = _trend_sums(t, np.log(150.0) + t * math.log(2) / 300
+                                    + 0.01 * rng.standard_normal(len(t)))
+    assert length_trend(length) == pytest.approx(math.log(2) / 300, rel=0.05)
     # Flat lengths with heavy noise (e.g. a bimodal prompt mix): the fitted slope is within
     # two standard errors of 0 and counts as no trend.
-    state["trend_s"] = _trend_sums(t, np.log(150.0) + 0.5 * rng.standard_normal(len(t)))
-    assert length_trend(state) == 0.0
-    state["trend_s"] = _trend_sums(t[:10], np.log(150.0) + t[:10] / 100)  # too few steps
-    assert length_trend(state) == 0.0
+    length["trend_s"] = _trend_sums(t, np.log(150.0) + 0.5 * rng.standard_normal(len(t)))
+    assert length_trend(length) == 0.0
+    length["trend_s"] = _trend_sums(t[:10], np.log(150.0) + t[:10] / 100)  # too few steps
+    assert length_trend(length) == 0.0
 
 
 def test_cost_growth_follows_the_trend_within_decode_limits():
-    cfg = SAGCConfig(horizon=1000)
-    state = init_state(cfg)
-    state["exp_steps"][:] = 400.0
-    state["max_new_tokens"], state["decode_chunk"] = np.array(1600), np.array(16)
+    cfg = SAGCConfig()
+    state = init_state(cfg, horizon=1000)
+    state["length"]["exp_steps"][:] = 400.0
+    state["cost"]["max_new_tokens"], state["cost"]["decode_chunk"] = np.array(1600), np.array(16)
     assert cost_growth(cfg, state, 500) == 500.0  # no trend yet: the current cost lasts
     t = np.arange(0.0, 100.0)
     rho = math.log(2) / 100
-    state["trend_s"] = _trend_sums(t, np.log(100.0) + rho * t)
+    state["length"]["trend_s"] = _trend_sums(t, np.log(100.0) + rho * t)
     # Doubling every 100 steps from 400 decode steps: x4 (the 1600-token cap) after 200.
     want = sum(min(math.exp(rho * k), 4.0) for k in range(1, 501))
     assert cost_growth(cfg, state, 500) == pytest.approx(want, rel=1e-3)
-    assert cost_growth(SAGCConfig(horizon=1000, trend_half_life=None), state, 500) == 500.0
+    with override_constants(trend_half_life_x=0.0):  # no trend memory: flat
+        assert cost_growth(cfg, state, 500) == 500.0
     # Shrinking lengths: down to one decode chunk at most.
-    state["trend_s"] = _trend_sums(t, np.log(100.0) - rho * t)
+    state["length"]["trend_s"] = _trend_sums(t, np.log(100.0) - rho * t)
     want = sum(max(math.exp(-rho * k), 16 / 400) for k in range(1, 501))
     assert cost_growth(cfg, state, 500) == pytest.approx(want, rel=1e-3)
     # Growth makes the future's seconds dearer, so λ (benefit per second) falls.
-    state["step"], state["total_s"] = np.array(100), np.array([800.0, 1000.0])
-    state["rate_now"] = np.array([80.0, 100.0, 10.0])
+    state["decision"]["step"] = np.array(100)
+    state["benefit"]["total_s"] = np.array([800.0, 1000.0])
+    state["benefit"]["rate_now"] = np.array([80.0, 100.0, 10.0])
     ben, cost = np.array([5.0, 8.0]), np.array([10.0, 20.0])
-    flat = benefit_rate(cfg.model_copy(update={"trend_half_life": None}), state, ben, cost)
-    state["trend_s"] = _trend_sums(t, np.log(100.0) + rho * t)
+    with override_constants(trend_half_life_x=0.0):
+        flat = benefit_rate(cfg, state, ben, cost)
+    state["length"]["trend_s"] = _trend_sums(t, np.log(100.0) + rho * t)
     assert benefit_rate(cfg, state, ben, cost) < 0.5 * flat
 
 
@@ -564,14 +566,14 @@ def test_a_detected_change_restarts_the_length_trend():
         "workload": {"prompts_per_step": 16, "max_new_tokens": 4096, "median_length": 120,
                      "group_spread": 0.25, "loop_prob": 0.001,
                      "drift": [{"at_step": 80, "median_length": 480, "loop_prob": 0.02}]},
-        "sagc": {"group_sizes": [4, 8], "delta": 0.1},
+        "sagc": {"group_sizes": [4, 8], "straggler": "group_ratio", "delta": 0.1},
     })
-    pol = SAGCPolicy(sim.sagc)
+    pol = sagc_policy(sim)
     for t in range(sim.steps):
         pol.choose()
         pol.observe(run_step(sim, sim.workload.draw(t), pol.last_info["g"])[0])
         if t == 79:
-            assert length_trend(pol.state) == 0.0  # flat lengths: no trend
-    assert int(pol.state["changes"]) >= 1
-    assert pol.state["trend_s"][0] < 80  # weight only since the change
-    assert abs(length_trend(pol.state)) < 1e-3
+            assert length_trend(pol.state["length"]) == 0.0  # flat lengths: no trend
+    assert int(pol.state["change"]["changes"]) >= 1
+    assert pol.state["length"]["trend_s"][0] < 80  # weight only since the change
+    assert abs(length_trend(pol.state["length"])) < 1e-3

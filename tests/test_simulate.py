@@ -201,8 +201,9 @@ def test_shipped_configs_parse():
     for name in sorted(names):
         sim = load_sim_config(f"configs/sim/{name}.yaml")
         assert sim.sagc.group_sizes == (4, 8, 12, 16) and sim.sagc.delta == 0.1
-        # One set of defaults, nothing tuned; the run's length is the horizon, as in the trainer.
-        assert sim.sagc == SAGCConfig(seed=sim.seed, horizon=sim.steps)
+        # One set of defaults, nothing tuned, the event rate pinned (the run's length and seed
+        # are passed to the controller when it is built, as the trainer passes run.steps).
+        assert sim.sagc == SAGCConfig(straggler="group_ratio")
     assert load_sim_config("configs/sim/slow_drift.yaml").ramps == ((0, 1500),)
 
 
@@ -321,7 +322,7 @@ def test_replicates_benchmark_pools_over_seeds(tmp_path, capsys):
     ben = sec = 0.0
     for seed in range(3):
         sim = load_sim_config(cfg, [f"seed={seed}", "sagc.delta=0.45"])
-        tr = run_policies(sim, {"static-8": make_policies(sim.sagc)["static-8"]}, steps=20)
+        tr = run_policies(sim, {"static-8": make_policies(sim)["static-8"]}, steps=20)
         ben, sec = ben + tr["static-8"]["benefit"].sum(), sec + tr["static-8"]["step_s"].sum()
     row = next(ln for ln in out.splitlines() if ln.startswith("| static-8 |"))
     assert float(row.split("|")[2]) == pytest.approx(ben / sec, abs=5e-5)

@@ -81,7 +81,7 @@ def test_real_trace_replay_some_rung_in_budget():
     and 16 not, and SAGC (near) in budget while earning more benefit/s than static-4."""
     sim = load_sim_config(ROOT / "configs/sim/real/smollm2_probe_replay.yaml")
     assert sim.sagc.straggler == "tail_share"
-    res = summarize(sim, run_policies(sim, make_policies(sim.sagc)))
+    res = summarize(sim, run_policies(sim, make_policies(sim)))
     assert res["static-4"]["meets_delta"]
     assert not res["static-8"]["meets_delta"] and not res["static-16"]["meets_delta"]
     # SAGC spends its budget to the edge here (0.570 at delta 0.56 over 300 steps): within the
@@ -93,7 +93,7 @@ def test_real_trace_replay_some_rung_in_budget():
         ROOT / "configs/sim/real/smollm2_probe_replay.yaml",
         ["steps=40", "sagc.straggler=group_ratio", "sagc.delta=0.1"],
     )
-    res0 = summarize(sim0, run_policies(sim0, make_policies(sim0.sagc)))
+    res0 = summarize(sim0, run_policies(sim0, make_policies(sim0)))
     assert not any(res0[f"static-{g}"]["meets_delta"] for g in (4, 8, 16))
 
 
@@ -101,6 +101,6 @@ def test_real_trace_replay_some_rung_in_budget():
 def test_real_grpo_run_trace_replays(name):
     """The real GRPO run's trace.jsonl replays (bootstrap and time-ordered) in the simulator."""
     sim = load_sim_config(ROOT / f"configs/sim/real/{name}.yaml", ["steps=40"])
-    res = summarize(sim, run_policies(sim, make_policies(sim.sagc)))
+    res = summarize(sim, run_policies(sim, make_policies(sim)))
     assert {"static-4", "static-16", "sagc"} <= set(res)
     assert all(res[p]["benefit_per_s"] > 0 for p in ("static-4", "static-16", "sagc"))

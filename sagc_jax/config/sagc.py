@@ -3,21 +3,24 @@
 Defaults are the controller's, justified in docs/sagc.md ("Defaults and why"). Field bounds and
 choices are checked by pydantic; the rules that involve several fields are in
 :meth:`SAGCConfig._rules`. Errors are one line naming ``sagc.<field>`` (see
-:mod:`sagc_jax.config.errors`).
+:mod:`sagc_jax.config.errors`). The controller's other internals are constants
+(:mod:`sagc_jax.config.sagc_constants`); a key the issue-32 rewrite removed is refused with one
+line saying what it became (:data:`REMOVED_KEYS`).
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from annotated_types import Ge
-from pydantic import AfterValidator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from sagc_jax.config.base import Bool, Float, Int, Section, Str, field, rule_error
+from sagc_jax.config.sagc_constants import SAGCConstants
 
-__all__ = ["SAGCConfig", "risk_level"]
+__all__ = ["DEFAULT_DELTA", "REMOVED_KEYS", "SAGCConfig", "TimeModelSection", "risk_level"]
 
 
 def risk_level(risk: str) -> float | None:
@@ -40,6 +43,54 @@ def _risk(v: str) -> str:
     return v
 
 
+class TimeModelSection(Section):
+    """The linear time model (``sagc.time_model:``) behind ``sagc.timing: model``: seconds of a
+    decode step ``decode_a + decode_b * rows`` and of a prefill ``prefill_a + prefill_b * rows``
+    (:class:`sagc_jax.sagc.timing.TimeModel` is built from it; the simulator's ``timing:``
+    defaults are these)."""
+
+    section_key = "sagc.time_model"
+    decode_a: Float = field(0.02, "s per decode step, independent of rows.", ge=0)
+    decode_b: Float = field(2.5e-5, "s per row per decode step.", ge=0)
+    prefill_a: Float = field(0.05, "s per prefill call.", ge=0)
+    prefill_b: Float = field(2.0e-4, "s per prefill row.", ge=0)
+
+
+#: ``sagc.delta`` when the config leaves it out (or null), per ``sagc.straggler``.
+DEFAULT_DELTA: dict[str, float] = {"tail_share": 0.6, "group_ratio": 0.1}
+
+_WHY = "removed in the SAGC core rewrite (issue 32)"
+
+
+def _removed_keys() -> dict[str, str]:
+    """Old ``sagc:`` key -> what it became (the one-line error's text)."""
+    c = SAGCConstants()  # the shipped values, whatever an ablation patched in-process
+    where = "sagc_jax/config/sagc_constants.py"
+    out = {k: f"{_WHY}; now the constant {k} = {getattr(c, k)!r} ({where})" for k in (
+        "count_truncated", "floor_on_mean", "extrapolation_power", "max_rung_step",
+        "hard_filter", "share_budget", "pass_threshold", "pass_em_iters", "cost_ema",
+        "window_groups", "mc_samples", "prior_a", "prior_b", "change_threshold", "credit_cap",
+        "change_window")}
+    for k in ("length_half_life", "rate_half_life", "trend_half_life", "credit_horizon"):
+        x = getattr(c, f"{k}_x")
+        out[k] = f"{_WHY}; now derived from sagc.half_life ({x:g} x half_life; {where})"
+    out["window_rows"] = (f"{_WHY}; now derived: max({c.window_rows_min}, "
+                          f"{c.window_rows_per_rung} x max(sagc.group_sizes)) ({where})")
+    out["seed"] = (f"{_WHY}; now the constant seed = {c.seed} ({where}; the simulator passes "
+                   "its own seed)")
+    out["horizon"] = (f"{_WHY}; now passed by the trainer (run.steps) or the simulator "
+                      "(steps) when the controller is built")
+    out["tie_margin"] = f"{_WHY}; the near-tie rule is gone (the choice is the argmax)"
+    out["objective"] = f"{_WHY}; the 'ratio' objective is gone (always the rate objective)"
+    for k in ("decode_a", "decode_b", "prefill_a", "prefill_b"):
+        out[f"model_{k}"] = f"{_WHY}; now sagc.time_model.{k}"
+    return out
+
+
+#: Every key the rewrite removed, with its one-line explanation (see :func:`_removed_keys`).
+REMOVED_KEYS: dict[str, str] = _removed_keys()
+
+
 class SAGCConfig(Section):
     """The ``sagc:`` config section (frozen, hashable). Defaults are justified in docs/sagc.md."""
 
@@ -51,47 +102,37 @@ class SAGCConfig(Section):
         "two rollouts to compare).",
     )
     initial_group_size: Int = field(8, "G at step 0 and during warm-up; one of group_sizes.")
-    straggler: Literal["group_ratio", "tail_share"] = field(
-        "group_ratio",
-        "What delta bounds. group_ratio: the fraction of groups with an event (max L > tau * "
-        "median L, or a truncated member; unitless rate). tail_share: the mean over groups of "
-        "(max L - median L) / max L, the share of a group's decode steps run only for its tail "
-        "(unitless, [0, 1); tau and count_truncated unused). "
+    straggler: Literal["tail_share", "group_ratio"] = field(
+        "tail_share",
+        "What delta bounds. tail_share: the mean over groups of (max L - median L) / max L, the "
+        "share of a group's decode steps run only for its tail (unitless, [0, 1); tau unused); "
+        "it tracks the decode wasted on real rollouts. group_ratio: the fraction of groups with "
+        "an event (max L > tau * median L, or a truncated member; unitless rate). "
         "docs/results/sagc_straggler_definition.md.",
     )
     # tau >= 1: an event is max L > tau * median L, and max >= median always, so tau < 1 would
     # flag almost every group (docs/sagc.md, "Straggler event").
-    tau: Float = field(2.0, "Straggler if max L > tau * median L within a group.", ge=1)
-    count_truncated: Bool = field(
-        True, "Any member truncated at max_new_tokens is a straggler event."
+    tau: Float = field(
+        2.0, "Straggler if max L > tau * median L within a group (straggler: group_ratio).", ge=1
     )
-    delta: Float = field(
-        0.1, "Long-run budget on the mean straggler cost of `straggler` (unitless).", gt=0, lt=1
+    delta: Float | None = field(
+        None,
+        "Long-run budget on the mean straggler cost of `straggler` (unitless, in (0, 1)). "
+        "null = by straggler: 0.6 for tail_share (at most 60 % of a group's decode steps spent "
+        "on its tail, run average), 0.1 for group_ratio (at most 10 % of groups with an event).",
+        gt=0,
+        lt=1,
     )
     V: Float = field(1.0, "Weight of the normalised objective u(g) against Q * risk(g).", ge=0)
     half_life: Float = field(
         100.0,
         "Steps; forgetting of risk/pass-rate statistics within a regime (change detection "
-        "restarts them on a shift).",
+        "restarts them on a shift). Also sets the truncation-rate memory (1x), the benefit "
+        "rate's (5x), the length trend's (3x) and the credit horizon (3x).",
         gt=0,
     )
     risk: Annotated[Str, AfterValidator(_risk)] = field(
         "q90", "'mean' or an upper posterior quantile 'qNN' (50 < NN < 100)."
-    )
-    floor_on_mean: Bool = field(
-        True,
-        "Judge the smallest rung on its posterior mean risk, not the 'risk' quantile: holding it "
-        "for uncertainty buys no safety (there is no safer rung), and a quantile that still "
-        "remembers a heavy start holds it long after the tail has lightened.",
-    )
-    extrapolation_power: Float = field(
-        2.0,
-        "A group of G rows extended by the length model to g > G counts as (G/g)^p groups of "
-        "evidence about g; 1 = exact-model weight G/g, larger = trust the model less.",
-        ge=0,
-    )
-    max_rung_step: Int = field(
-        1, "Max rungs G moves up per step (moves down are unlimited); 0 = unlimited.", ge=0
     )
     warmup_steps: Int = field(4, "Steps held at initial_group_size before deciding.", ge=0)
     batch_policy: Literal["prompts", "rollouts"] = field(
@@ -100,96 +141,31 @@ class SAGCConfig(Section):
     rollouts_per_step: Int | None = field(
         None, "Rows per step when batch_policy is 'rollouts'; divisible by every group size.", ge=1
     )
-    seed: Int = field(0, "Seed of the controller's random draws.")
-    hard_filter: Bool = field(True, "Only g with risk(g) <= delta are eligible.")
-    share_budget: Bool = field(True, "The rung above the largest feasible one is eligible too.")
-    tie_margin: Float = field(
-        0.0,
-        "Among feasible rungs scoring within this of the best (score units: a step's best "
-        "benefit), take the largest; 0 = the argmax. 0.02 trades +1.7 % on drift and +0.8 % on "
-        "length growth for -0.2 to -0.4 % on slow drift and loop bursts (docs/sagc.md).",
-        ge=0,
-    )
-    pass_threshold: Float = field(0.5, "reward > threshold counts as a pass (benefit model).")
-    pass_em_iters: Int = field(
-        5,
-        "EM steps from the method-of-moments Beta toward the likelihood of the observed pass "
-        "counts (benefit model); 0 = the Beta alone.",
-        ge=0,
-    )
-    cost_ema: Float = field(0.3, "EMA weight of a new per-shape timing measurement.", gt=0, le=1)
-    length_half_life: Float = field(
-        100.0,
-        "Steps; forgetting of the per-row truncation rate that feeds cost and risk above G_t "
-        "within a regime (change detection restarts it on a shift).",
-        gt=0,
-    )
-    window_rows: Int = field(
-        2048,
-        "Ring buffer of recent untruncated per-row length / group median; >= 4 * max(group_sizes).",
-    )
-    window_groups: Int = field(256, "Ring buffer of recent per-group median lengths.", ge=4)
-    mc_samples: Int = field(
-        64, "Monte-Carlo subsets / bootstrap draws per group and candidate.", ge=1
-    )
-    prior_a: Float = field(0.5, "Beta prior on each candidate's risk (Jeffreys).", gt=0)
-    prior_b: Float = field(0.5, "Beta prior on each candidate's risk (Jeffreys).", gt=0)
     timing: Literal["measured", "model"] = field(
         "measured",
         "Where the per-shape step cost comes from. measured: wall-clock of each rollout (true to "
         "the hardware, but G then depends on timing noise, so two runs of one seed can "
-        "diverge); model: seconds from the linear model_* terms (deterministic: exact resume "
+        "diverge); model: seconds from the linear time_model (deterministic: exact resume "
         "and replay).",
     )
-    model_decode_a: Float = field(0.02, "s per decode step, independent of rows.", ge=0)
-    model_decode_b: Float = field(2.5e-5, "s per row per decode step.", ge=0)
-    model_prefill_a: Float = field(0.05, "s per prefill call.", ge=0)
-    model_prefill_b: Float = field(2.0e-4, "s per prefill row.", ge=0)
-    # --- issue #13 redesign (docs/sagc.md, "Where we depart from DESIGN.md") ---
-    objective: Literal["rate", "ratio"] = field(
-        "rate",
-        "rate: u(g) = (benefit - lambda * cost) / max benefit, lambda the realised run-long "
-        "benefit per second (benefit/s is a ratio of sums); ratio: the per-step "
-        "J(g) = (benefit/cost) / max(benefit/cost) of DESIGN.md.",
+    time_model: TimeModelSection = Field(
+        default_factory=TimeModelSection,
+        description="The linear time model of timing: model (seconds; see its keys).",
     )
-    rate_half_life: Float = field(
-        500.0,
-        "Steps; memory of lambda, the realised benefit per second, when horizon is unknown.",
-        gt=0,
-    )
-    horizon: Int | None = field(
-        None,
-        "Steps in the run (the trainer fills in run.steps, the simulator its steps). Known: "
-        "lambda is the benefit per second the run would end at if the current regime lasted to "
-        "the end (certainty equivalence); None: the discounted realised rate.",
-        ge=1,
-    )
-    trend_half_life: Float | None = field(
-        300.0,
-        "Steps; memory of the regression of log median completion length on step within the "
-        "current regime (R1-style length growth). With a horizon, lambda's projection grows "
-        "the per-step cost along that trend (shrunk by its noise, bounded by one decode chunk "
-        "and the max_new_tokens cap); None: the current cost lasts (flat).",
-        gt=0,
-    )
-    change_threshold: Float = field(
-        15.0,
-        "Likelihood-ratio statistic (about chi-square(1)) that declares a change in the "
-        "straggler or truncation rate; 0 = no change detection.",
-        ge=0,
-    )
-    credit_cap: Float = field(
-        100.0,
-        "Budget credit: unused straggler budget (sum of delta - s_t over steps) saved for later, "
-        "at most this much; 0 = none (the queue only counts debt).",
-        ge=0,
-    )
-    credit_horizon: Float = field(
-        300.0, "Steps over which saved credit may be spent: risk cap = delta + credit / this.", gt=0
-    )
-    change_window: Int = field(
-        32, "Steps of per-step sums kept; windows of 1, 2, 4, ... steps are tested.", ge=1
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_and_delta(cls, data: Any) -> Any:
+        """Refuse the keys issue 32 removed (one line: what each became); fill in delta."""
+        if not isinstance(data, dict):
+            return data
+        for key in data:
+            if key in REMOVED_KEYS:
+                raise rule_error(str(key), REMOVED_KEYS[key])
+        if data.get("delta") is None:
+            straggler = data.get("straggler", "tail_share")
+            data = {**data, "delta": DEFAULT_DELTA.get(straggler, DEFAULT_DELTA["tail_share"])}
+        return data
 
     @model_validator(mode="after")
     def _rules(self) -> SAGCConfig:
@@ -215,9 +191,4 @@ class SAGCConfig(Section):
                     "rollouts_per_step",
                     f"must be divisible by every group size {list(gs)}, got {n}",
                 )
-        if self.window_rows < 4 * max(gs):
-            raise rule_error(
-                "window_rows",
-                f"must be >= 4 * max(group_sizes) = {4 * max(gs)}, got {self.window_rows}",
-            )
         return self

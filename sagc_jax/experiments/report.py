@@ -72,7 +72,7 @@ def format_results_md(agg: Mapping[str, Mapping[str, Any]], meta: Mapping[str, A
 def _clock_words(clock: str) -> str:
     if clock == "model":
         return ("**modelled accelerator rollout seconds** (clock `model`: prefill + decode "
-                "steps x the linear per-step time of `sagc.model_*`, deterministic; the update "
+                "steps x the linear per-step time of `sagc.time_model`, deterministic; the update "
                 "is not modelled). The column 'measured CPU wall-clock' is this machine's real "
                 "clock (sum of `step_s`) for the same steps.")
     return ("sum of `step_s` (clock `measured`: rollout + rewards + update; in-training eval "

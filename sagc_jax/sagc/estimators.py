@@ -4,7 +4,9 @@ Risk (Beta posteriors per rung), cost (seconds per step from per-shape timings a
 "median x residual" length model), benefit (informative groups per step from a pass-rate
 mixture refined from a Beta), the batch policy, and the ring buffers they read. Pure functions
 of (config, state); the config is an ``SAGCConfig`` (typed loosely here to keep the import graph
-acyclic).
+acyclic), the state the controller's nested dict (``controller.init_state``: one sub-dict per
+sub-model) or, where a function reads one sub-model only, that sub-dict. The fixed internals
+(priors, EM steps, memories) are :mod:`sagc_jax.config.sagc_constants`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import numpy as np
 from scipy.special import betainc, betaincinv
 
 from sagc_jax.config.sagc import risk_level
+from sagc_jax.config.sagc_constants import constants, trend_half_life
 from sagc_jax.shapes import prompts_for
 
-State = dict[str, np.ndarray]
+State = dict[str, dict[str, np.ndarray]]  # sub-model name -> its arrays
+Sub = dict[str, np.ndarray]  # one sub-model's arrays
 
 
 def ring_put(ring: np.ndarray, seen: int, values: np.ndarray) -> np.ndarray:
@@ -43,14 +47,14 @@ def ring_view(ring: np.ndarray, seen: int, since: int = 0) -> np.ndarray:
 
 def batch_prompts(cfg: Any, state: State) -> np.ndarray:
     """Prompts per step B(g) for every candidate: int [K]."""
-    b = max(int(state["prompts"]), 1)
+    b = max(int(state["cost"]["prompts"]), 1)
     return np.array([prompts_for(cfg, g, b) for g in cfg.group_sizes], np.int64)
 
 
 _PRIOR_ROWS = 1000.0  # weight of the truncation-rate prior, in rows
 
 
-def _trunc_beta(state: State) -> tuple[float, float]:
+def _trunc_beta(length: Sub) -> tuple[float, float]:
     """Beta posterior (a, b) of the per-row truncation rate in the current regime.
 
     Prior: the whole run's pooled rate (itself with 0.1 pseudo-truncations in 1 pseudo-row),
@@ -58,17 +62,18 @@ def _trunc_beta(state: State) -> tuple[float, float]:
     run so far, not free of loops — a few hundred clean rows after a change would otherwise
     price the largest rungs as if loops were gone.
     """
-    all_rows, all_trunc = state["trunc_total"]
+    all_rows, all_trunc = length["trunc_total"]
     p0 = (float(all_trunc) + 0.1) / (float(all_rows) + 1.0)
-    rows, trunc = state["trunc_s"]
+    rows, trunc = length["trunc_s"]
     a = float(trunc) + _PRIOR_ROWS * p0
     b = max(float(rows - trunc), 0.0) + _PRIOR_ROWS * (1.0 - p0)
     return a, b
 
 
-def truncation_rate(state: State) -> float:
-    """Per-row truncation rate: the posterior mean of ``_trunc_beta``."""
-    a, b = _trunc_beta(state)
+def truncation_rate(length: Sub) -> float:
+    """Per-row truncation rate (the length model's sub-dict -> a probability): the posterior
+    mean of ``_trunc_beta``."""
+    a, b = _trunc_beta(length)
     return a / (a + b)
 
 
@@ -83,12 +88,13 @@ def expected_decode_steps(
     group medians, g residuals each from recent untruncated rows. Steps are rounded up to
     decode_chunk; common random numbers across candidates keep their comparison low-noise.
     """
-    eps = ring_view(state["eps_ring"], state["rows_seen"], state["rows_since"])
+    ln, co = state["length"], state["cost"]
+    eps = ring_view(ln["eps_ring"], ln["rows_seen"], ln["rows_since"])
     eps = eps if len(eps) else np.ones(1)
-    meds = ring_view(state["med_ring"], state["groups_seen"], state["groups_since"])
-    chunk = float(max(int(state["decode_chunk"]), 1))
-    cap = math.ceil(float(state["max_new_tokens"]) / chunk) * chunk
-    p_tr = truncation_rate(state)
+    meds = ring_view(ln["med_ring"], ln["groups_seen"], ln["groups_since"])
+    chunk = float(max(int(co["decode_chunk"]), 1))
+    cap = math.ceil(float(co["max_new_tokens"]) / chunk) * chunk
+    p_tr = truncation_rate(ln)
     bs = batch_prompts(cfg, state)
     gmax, bmax = max(cfg.group_sizes), int(bs.max())
     m = meds[rng.integers(0, len(meds), size=(mc, bmax, 1))]
@@ -104,9 +110,11 @@ def expected_decode_steps(
 
 def posterior_risk(cfg: Any, state: State, mean: bool = False) -> np.ndarray:
     """Risk per candidate: Beta posterior mean or upper quantile (``cfg.risk``; ``mean=True``
-    forces the mean). Probabilities, float [K]."""
-    a = cfg.prior_a + state["risk_a"]
-    b = cfg.prior_b + state["risk_b"]
+    forces the mean) of the discounted pseudo-counts ``state["risk"]["a"/"b"]`` plus the
+    Jeffreys prior. Probabilities (or mean tail shares), float [K]."""
+    c = constants()
+    a = c.prior_a + state["risk"]["a"]
+    b = c.prior_b + state["risk"]["b"]
     q = None if mean else risk_level(cfg.risk)
     if q is None:
         return a / (a + b)
@@ -138,12 +146,13 @@ def predicted_cost(cfg: Any, state: State) -> np.ndarray:
     Without any timing yet, t_dec = 1 and prefill = 0 (cost in decode-step units).
     """
     rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
-    meas = state["measured"]
-    pre = np.nan_to_num(_interp_rows(rows, meas, state["prefill_s"]), nan=0.0)
-    dec = np.nan_to_num(_interp_rows(rows, meas, state["decode_step_s"]), nan=1.0)
-    steps = state["exp_steps"]
+    co = state["cost"]
+    meas = co["measured"]
+    pre = np.nan_to_num(_interp_rows(rows, meas, co["prefill_s"]), nan=0.0)
+    dec = np.nan_to_num(_interp_rows(rows, meas, co["decode_step_s"]), nan=1.0)
+    steps = state["length"]["exp_steps"]
     if not (steps > 0).all():
-        steps = np.full(len(rows), float(max(int(state["max_new_tokens"]), 1)))
+        steps = np.full(len(rows), float(max(int(co["max_new_tokens"]), 1)))
     return pre + steps * dec
 
 
@@ -155,7 +164,7 @@ def pass_rate_beta(cfg: Any, state: State) -> tuple[float, float]:
     """
     s0, s1, s2 = 2.0, 1.0, 2.0 / 3.0
     for i, g in enumerate(cfg.group_sizes):
-        h, k = state["pass_hist"][i, : g + 1], np.arange(g + 1.0)
+        h, k = state["benefit"]["pass_hist"][i, : g + 1], np.arange(g + 1.0)
         s0 += h.sum()
         s1 += (h * k).sum() / g
         s2 += (h * k * (k - 1)).sum() / (g * (g - 1))
@@ -189,8 +198,8 @@ def _binom_table(sizes: tuple[int, ...]) -> np.ndarray:
 def pass_rate_mixture(cfg: Any, state: State) -> np.ndarray:
     """Distribution of per-prompt pass rates on ``PASS_GRID``: weights [M], summing to 1.
 
-    Starts at the method-of-moments Beta and takes ``cfg.pass_em_iters`` EM steps toward the
-    maximum-likelihood mixture of the observed pass counts (every rung's histogram, each group a
+    Starts at the method-of-moments Beta and takes ``pass_em_iters`` (a constant) EM steps toward
+    the maximum-likelihood mixture of the observed pass counts (every rung's histogram, each group a
     binomial draw at its prompt's p). Why: real pass rates are not Beta — a lump near but below
     1 decays like p^g, a J-shaped Beta far more slowly — and a two-moment fit then under-predicts
     the benefit of large g by 12-16 % on the ramble replay (docs/sagc.md). Few steps from the Beta
@@ -201,13 +210,14 @@ def pass_rate_mixture(cfg: Any, state: State) -> np.ndarray:
     a, b = pass_rate_beta(cfg, state)
     w = np.diff(_beta_cdf(a, b, _PASS_EDGES))
     w = np.maximum(w, 1e-300) / w.sum()
-    hist = state["pass_hist"]
+    hist = state["benefit"]["pass_hist"]
     n = float(hist.sum())
-    if n <= 0.0 or cfg.pass_em_iters == 0:
+    iters = constants().pass_em_iters
+    if n <= 0.0 or iters == 0:
         return w
     lik = _binom_table(tuple(cfg.group_sizes))
     live = hist > 0
-    for _ in range(cfg.pass_em_iters):
+    for _ in range(iters):
         mix = np.maximum(np.einsum("ikm,m->ik", lik, w), 1e-300)
         r = np.where(live, hist / mix, 0.0)
         w = w * np.einsum("ik,ikm->m", r, lik) / n
@@ -262,7 +272,7 @@ def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
     return float(((k > 0) & (k < g)).sum()) * (1.0 - 1.0 / g)
 
 
-def length_trend(state: State, min_weight: float = 50.0, z: float = 3.0) -> float:
+def length_trend(length: Sub, min_weight: float = 50.0, z: float = 3.0) -> float:
     """Per-step growth rate of the median completion length within the regime, 1/step.
 
     The slope of the discounted least-squares fit of log median length on step
@@ -272,7 +282,7 @@ def length_trend(state: State, min_weight: float = 50.0, z: float = 3.0) -> floa
     steps let the few steps between a jump in lengths and its detection as a change read as
     growth: drift 1.069 vs 1.072 over 40 seeds; z = 3 and 50 keep the gains on real trends.)
     """
-    w, st, stt, sy, sty, syy = state["trend_s"]
+    w, st, stt, sy, sty, syy = length["trend_s"]
     sxx = stt - st * st / max(w, 1e-12)
     if w < min_weight or sxx <= 1e-9 * max(stt, 1.0):
         return 0.0
@@ -284,15 +294,15 @@ def length_trend(state: State, min_weight: float = 50.0, z: float = 3.0) -> floa
 
 def cost_growth(cfg: Any, state: State, h: int) -> float:
     """Σ_{k=1..h} f_k, the future steps' cost in units of the current step's: f_k = 1 without
-    a trend; with ``cfg.trend_half_life``, f_k = exp(ρ k) for the length trend ρ, clipped to
+    a trend; with a trend memory (3 x half_life), f_k = exp(ρ k) for the length trend ρ, clipped to
     [chunk / E[steps], cap / E[steps]] at the current rung (decode can neither end before one
     chunk nor run past max_new_tokens)."""
-    rho = length_trend(state) if cfg.trend_half_life else 0.0
+    rho = length_trend(state["length"]) if trend_half_life(cfg) else 0.0
     if rho == 0.0:
         return float(h)
-    steps_now = float(state["exp_steps"][int(state["g_idx"])])
-    chunk = float(max(int(state["decode_chunk"]), 1))
-    cap = math.ceil(float(state["max_new_tokens"]) / chunk) * chunk
+    steps_now = float(state["length"]["exp_steps"][int(state["decision"]["g_idx"])])
+    chunk = float(max(int(state["cost"]["decode_chunk"]), 1))
+    cap = math.ceil(float(state["cost"]["max_new_tokens"]) / chunk) * chunk
     if steps_now <= 0:
         return float(h)
     bound = cap / steps_now if rho > 0 else chunk / steps_now
@@ -309,20 +319,23 @@ def benefit_rate(cfg: Any, state: State, benefit: np.ndarray, cost: np.ndarray) 
 
     benefit, cost: predicted per-step benefit and seconds at each rung, float [K] (used only
     before the first timed step: then λ is the best predicted benefit/cost). With a known
-    ``cfg.horizon``: the rate the run would end at if the recent past (``rate_now``, half-life
+    horizon (``state["decision"]["horizon"]`` > 0, the run's steps): the rate the run would
+    end at if the recent past (``rate_now``, half-life
     ``half_life``) lasted for the H = horizon - step steps left, (B + H b) / (C + H c) with
     B, C the run's realised totals and b, c the recent per-step means — the certainty
     equivalence the causal ceiling plans by (oracle.py): early in a run λ is about the current
     regime's rate, late in it the run's own. (Projecting the *predicted* best rung instead is
     biased up by the max over noisy predictions; docs/sagc.md.) Without a horizon: the
-    discounted realised rate (``rate_half_life``).
+    discounted realised rate (``rate_s``, half-life 5 x half_life).
     """
     ratio = float((benefit / np.maximum(cost, 1e-12)).max())
-    ben_now, sec_now, n_now = state["rate_now"]
-    if cfg.horizon is not None and sec_now > 0:
-        big_b, big_c = state["total_s"]
-        h = max(int(cfg.horizon) - int(state["step"]), 1)
+    bf, dec = state["benefit"], state["decision"]
+    ben_now, sec_now, n_now = bf["rate_now"]
+    horizon = int(dec["horizon"])
+    if horizon > 0 and sec_now > 0:
+        big_b, big_c = bf["total_s"]
+        h = max(horizon - int(dec["step"]), 1)
         future_c = sec_now / n_now * cost_growth(cfg, state, h)
         return float((big_b + h * ben_now / n_now) / (big_c + future_c))
-    ben, sec = state["rate_s"]
+    ben, sec = bf["rate_s"]
     return float(ben / sec) if sec > 0 and ben > 0 else ratio

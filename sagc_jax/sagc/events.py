@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from sagc_jax.config.sagc_constants import constants
+
 
 @dataclass
 class Observation:
@@ -76,19 +78,20 @@ def tail_share(lengths: np.ndarray) -> np.ndarray:
 def straggler_cost(cfg: Any, lengths: np.ndarray, truncated: np.ndarray) -> np.ndarray:
     """Per-group straggler cost under ``cfg.straggler``. lengths/truncated [..., g] -> [...].
 
-    "group_ratio": the 0/1 event of ``straggler_events`` (tau, count_truncated);
-    "tail_share": the continuous ``tail_share`` (tau and count_truncated unused).
+    "group_ratio": the 0/1 event of ``straggler_events`` (tau; a truncated member counts, the
+    constant ``count_truncated``); "tail_share": the continuous ``tail_share`` (tau unused).
     """
-    if getattr(cfg, "straggler", "group_ratio") == "tail_share":
+    if cfg.straggler == "tail_share":
         return tail_share(lengths)
-    return straggler_events(lengths, truncated, cfg.tau, cfg.count_truncated).astype(np.float64)
+    events = straggler_events(lengths, truncated, cfg.tau, constants().count_truncated)
+    return events.astype(np.float64)
 
 
 def step_straggler_rate(cfg: Any, obs: Observation) -> float:
     """Mean straggler cost of the step's groups (the constrained quantity s_t): the fraction of
     groups with an event ("group_ratio") or their mean tail share ("tail_share").
 
-    ``cfg`` needs ``straggler``, ``tau`` and ``count_truncated`` (an SAGCConfig)."""
+    ``cfg`` needs ``straggler`` and ``tau`` (an SAGCConfig)."""
     g = int(obs.group_size)
     lengths = np.asarray(obs.lengths).reshape(-1, g)
     truncated = np.asarray(obs.truncated, dtype=bool).reshape(-1, g)

@@ -1,7 +1,8 @@
 """Trainer-facing SAGC wrappers: ``SAGCPolicy`` (adaptive), ``StaticPolicy`` (fixed g),
 ``make_policy`` and the batch policy ``prompts_for``. They hold the pure controller state
 (``controller.py``) and expose ``choose() -> g`` / ``observe(obs) -> metrics`` /
-``load_state(restored)``.
+``load_state(restored)``. The run's length (``horizon``) and, in the simulator, the seed of the
+controller's draws are passed when a policy is built; they live in its state.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ __all__ = ["SAGCPolicy", "StaticPolicy", "make_policy", "prompts_for"]
 
 
 class SAGCPolicy:
-    """Adaptive group size. ``choose() -> g``; after the step, ``observe(obs) -> metrics``."""
+    """Adaptive group size. ``choose() -> g``; after the step, ``observe(obs) -> metrics``.
 
-    def __init__(self, cfg: SAGCConfig):
+    ``horizon``: steps in the run (None = unknown); ``seed``: of the controller's Monte-Carlo
+    draws (None = the constant, 0)."""
+
+    def __init__(self, cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None):
         self.cfg = cfg.validate()
-        self.state: State = init_state(cfg)
+        self.state: State = init_state(cfg, horizon=horizon, seed=seed)
         self.last_info: dict[str, Any] | None = None
 
     def choose(self) -> int:
@@ -45,9 +49,9 @@ class SAGCPolicy:
         self.state = observe(self.cfg, self.state, obs)
         risk = posterior_risk(self.cfg, self.state)
         metrics: dict[str, Any] = {
-            "straggler_rate": float(self.state["last_rate"]),
-            "sagc_queue": float(self.state["queue"]),
-            "sagc_reason": REASONS[int(self.state["last_reason"])],
+            "straggler_rate": float(self.state["budget"]["last_rate"]),
+            "sagc_queue": float(self.state["budget"]["queue"]),
+            "sagc_reason": REASONS[int(self.state["decision"]["last_reason"])],
         }
         for g, r in zip(self.cfg.group_sizes, risk):
             metrics[f"risk_g{g}"] = float(r)
@@ -60,9 +64,9 @@ class SAGCPolicy:
 class StaticPolicy:
     """Always ``initial_group_size``; same interface and straggler-rate metric as SAGCPolicy."""
 
-    def __init__(self, cfg: SAGCConfig):
+    def __init__(self, cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None):
         self.cfg = cfg.validate()
-        self.state: State = init_state(cfg)
+        self.state: State = init_state(cfg, horizon=horizon, seed=seed)
         self.last_info: dict[str, Any] | None = None
 
     def choose(self) -> int:
@@ -71,15 +75,19 @@ class StaticPolicy:
 
     def observe(self, obs: Observation) -> dict[str, Any]:
         rate = step_straggler_rate(self.cfg, obs)
-        self.state = dict(self.state)
-        self.state["step"] = np.array(int(self.state["step"]) + 1, np.int64)
-        self.state["last_rate"] = np.array(rate)
+        dec = {**self.state["decision"],
+               "step": np.array(int(self.state["decision"]["step"]) + 1, np.int64)}
+        budget = {**self.state["budget"], "last_rate": np.array(rate)}
+        self.state = {**self.state, "decision": dec, "budget": budget}
         return {"straggler_rate": rate, "sagc_queue": 0.0, "sagc_reason": "static"}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.state = normalize_state(self.cfg, state)
 
 
-def make_policy(cfg: SAGCConfig) -> SAGCPolicy | StaticPolicy:
-    """SAGCPolicy when ``cfg.enabled`` else StaticPolicy."""
-    return SAGCPolicy(cfg) if cfg.enabled else StaticPolicy(cfg)
+def make_policy(
+    cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None
+) -> SAGCPolicy | StaticPolicy:
+    """SAGCPolicy when ``cfg.enabled`` else StaticPolicy (``horizon``/``seed`` as SAGCPolicy)."""
+    cls = SAGCPolicy if cfg.enabled else StaticPolicy
+    return cls(cfg, horizon=horizon, seed=seed)

@@ -8,8 +8,10 @@ beside the causal (no-foresight) ceiling and the hindsight oracle (``oracle.py``
 
 Per step and policy: rollout seconds = prefill(rows) + decode_steps x t_decode(rows), with
 decode_steps the batch's longest row rounded up to ``timing.decode_chunk``; realised benefit =
-Σ over groups [rewards not all equal] x (1 - 1/g); straggler rate = fraction of groups with an
-event (the controller's definition).
+Σ over groups [rewards not all equal] x (1 - 1/g); straggler rate = the mean straggler cost of
+the step's groups under ``sagc.straggler`` (the controller's definition). The controller's
+horizon is ``steps`` and the seed of its draws ``seed`` (passed to it, as the trainer passes
+run.steps).
 """
 
 from __future__ import annotations
@@ -115,8 +117,7 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
     sagc_raw = raw.get("sagc") or {}
     if not isinstance(sagc_raw, dict):
         raise ValueError(f"sagc: a mapping, got {sagc_raw!r}")
-    # The run's length is known, as in the trainer (run.steps), unless the config says otherwise.
-    sagc = SAGCConfig.from_dict({"seed": seed, "horizon": steps, **sagc_raw})
+    sagc = SAGCConfig.from_dict(sagc_raw)
 
     wl = raw.get("workload") or {}
     if not isinstance(wl, dict):
@@ -243,14 +244,23 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int) -> tuple[Observation, float
     return obs, pre + dec, benefit
 
 
-def make_policies(sagc: SAGCConfig) -> dict[str, SAGCPolicy | StaticPolicy]:
-    """static-g for every candidate g, then "sagc"."""
+def sagc_policy(sim: SimConfig, sagc: SAGCConfig | None = None) -> SAGCPolicy:
+    """SAGC on this simulation: the run's length is its horizon (as the trainer's run.steps) and
+    the simulator's seed seeds its draws. ``sagc``: another section (default ``sim.sagc``)."""
+    cfg = (sim.sagc if sagc is None else sagc).model_copy(update={"enabled": True})
+    return SAGCPolicy(cfg, horizon=sim.steps, seed=sim.seed)
+
+
+def make_policies(sim: SimConfig) -> dict[str, SAGCPolicy | StaticPolicy]:
+    """static-g for every candidate g, then "sagc" (:func:`sagc_policy`)."""
+    sagc = sim.sagc
     pols: dict[str, SAGCPolicy | StaticPolicy] = {}
     for g in sagc.group_sizes:
         pols[f"static-{g}"] = StaticPolicy(
-            sagc.model_copy(update={"enabled": False, "initial_group_size": g})
+            sagc.model_copy(update={"enabled": False, "initial_group_size": g}),
+            horizon=sim.steps, seed=sim.seed,
         )
-    pols["sagc"] = SAGCPolicy(sagc.model_copy(update={"enabled": True}))
+    pols["sagc"] = sagc_policy(sim)
     return pols
 
 
@@ -346,7 +356,7 @@ def oracle_summary(
 def simulate(sim: SimConfig) -> dict[str, Any]:
     """Run all static policies and SAGC, then the causal ceiling and the hindsight oracle;
     returns {"policies": ..., ...}."""
-    traj = run_policies(sim, make_policies(sim.sagc))
+    traj = run_policies(sim, make_policies(sim))
     policies = summarize(sim, traj)
     policies["causal"] = oracle_summary(sim, traj, causal=True)
     policies["oracle"] = oracle_summary(sim, traj)

@@ -1,7 +1,8 @@
 """The time model: seconds for prefill and for one decode step as functions of rows.
 
 One definition for the simulator, SAGC's ``sagc.timing: model`` observations and the
-experiments' ``model`` clock (:meth:`TimeModel.from_sagc` reads the config's ``model_*`` terms).
+experiments' ``model`` clock (:meth:`TimeModel.from_sagc` reads the config's ``sagc.time_model``,
+whose defaults are also the simulator's ``timing:`` defaults).
 
 Default (accelerator-like, memory-bound decode): ``t_decode(rows) = decode_a + decode_b * rows``
 where decode_a is the per-step weight read and decode_b the per-row KV-cache/sampling work;
@@ -20,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_TIMING = {
-    "decode_a": 0.02,  # s per decode step at 0 rows (weights read once per step)
-    "decode_b": 2.5e-5,  # s per row per decode step (256 rows: +32% over decode_a)
-    "prefill_a": 0.05,  # s per prefill call
-    "prefill_b": 2.0e-4,  # s per row
-    "decode_chunk": 16,  # decode steps per while_loop iteration (tokens per chunk)
-}
+from sagc_jax.config.sagc import TimeModelSection
+
+# decode_a: s per decode step at 0 rows (weights read once per step); decode_b: s per row per
+# decode step (256 rows: +32% over decode_a); prefill_a: s per prefill call; prefill_b: s per
+# row (one definition: ``sagc.time_model``'s defaults); decode_chunk: decode steps per
+# while_loop iteration (tokens per chunk).
+DEFAULT_TIMING: dict[str, Any] = {**TimeModelSection().model_dump(), "decode_chunk": 16}
 
 
 def _extrap(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
@@ -44,7 +45,7 @@ def _extrap(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class TimeModel:
     """Linear (a + b*rows) or calibrated per-shape time model. Seconds; defaults
-    :data:`DEFAULT_TIMING` (= ``SAGCConfig``'s ``model_*`` defaults)."""
+    :data:`DEFAULT_TIMING` (= ``sagc.time_model``'s defaults)."""
 
     decode_a: float = DEFAULT_TIMING["decode_a"]
     decode_b: float = DEFAULT_TIMING["decode_b"]
@@ -57,12 +58,8 @@ class TimeModel:
 
     @classmethod
     def from_sagc(cls, sagc_cfg: Any) -> TimeModel:
-        """The linear model of a config's ``sagc`` section (``model_prefill_a`` ...); missing
-        fields keep the defaults."""
-        kw = {f: getattr(sagc_cfg, f"model_{f}") for f in ("prefill_a", "prefill_b",
-                                                            "decode_a", "decode_b")
-              if hasattr(sagc_cfg, f"model_{f}")}
-        return cls(**kw)
+        """The linear model of a config's ``sagc`` section (its ``time_model``)."""
+        return cls(**sagc_cfg.time_model.model_dump())
 
     def step_seconds(self, rows: int, decode_steps: int) -> float:
         """Rollout seconds of one step of ``rows`` rows and ``decode_steps`` decode steps."""

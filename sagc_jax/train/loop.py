@@ -32,6 +32,7 @@ from sagc_jax.models.lora import checkpointed, with_base
 from sagc_jax.rl.batch import make_batch
 from sagc_jax.rollout import collect, global_view, rollout_key
 from sagc_jax.runlock import RunLock
+from sagc_jax.sagc.controller import copy_state
 from sagc_jax.sagc.observation import observation_from
 from sagc_jax.sampling import compile_count
 from sagc_jax.train.setup import Run, build_run
@@ -267,7 +268,7 @@ def guarded_step(run: Run, step: int) -> dict[str, Any]:
     from before the step — params, optimizer, SAGC, data position — is checkpointed first,
     so a fixed run resumes exactly where this one stopped."""
     data_states = run.prompts.get_state()
-    sagc_state = {k: np.copy(v) for k, v in run.policy.state.items()}
+    sagc_state = copy_state(run.policy.state)
     try:
         return train_one(run, step)
     except Exception as e:

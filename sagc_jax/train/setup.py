@@ -29,7 +29,7 @@ from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import make_mesh_from_config
 from sagc_jax.rl.rewards import RewardFn, build_reward_fns, with_timeout
 from sagc_jax.rollout import CollectSettings, PromptStream
-from sagc_jax.sagc import SAGCConfig, make_policy
+from sagc_jax.sagc import make_policy
 from sagc_jax.sampling import Sampler, SamplingConfig
 from sagc_jax.shapes import ShapePlan
 from sagc_jax.train.learner import CompiledSteps, Learner, loss_settings
@@ -81,12 +81,11 @@ class Run:
         return self.progress and self.hosts.is_main
 
 
-def _with_horizon(cfg: Config) -> SAGCConfig:
-    """The sagc section with the run's length as the controller's horizon (unless it sets one):
-    SAGC prices a second by the benefit rate the run can still end at (docs/sagc.md)."""
-    if cfg.sagc.horizon is not None:
-        return cfg.sagc
-    return cfg.sagc.model_copy(update={"horizon": cfg.run.steps})
+def _make_policy(cfg: Config) -> Any:
+    """The group-size policy, with the run's length as the controller's horizon: SAGC prices a
+    second by the benefit rate the run can still end at (docs/sagc.md). The horizon is kept in
+    the SAGC state, so a resumed run keeps the one it started with."""
+    return make_policy(cfg.sagc, horizon=cfg.run.steps)
 
 
 def _blueprint(graphdef: nnx.GraphDef, params: Any) -> Any:
@@ -195,7 +194,7 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
         cfg=cfg, hosts=hosts, mesh=mesh, plan=plan, tokenizer=tokenizer, pad_id=pad_id,
         model_cfg=model_cfg, graphdef=graphdef, param_shardings=param_shardings,
         state=TrainState(params, opt_state, 0), learner=learner,
-        lr_schedule=make_schedule(cfg.optim, cfg.run.steps), policy=make_policy(_with_horizon(cfg)),
+        lr_schedule=make_schedule(cfg.optim, cfg.run.steps), policy=_make_policy(cfg),
         reward_fns=reward_fns, sampler=sampler,
         prompts=_prompt_stream(cfg, plan, hosts, train_examples, tokenizer),
         train_examples=train_examples, collect_settings=CollectSettings.from_config(cfg, pad_id),

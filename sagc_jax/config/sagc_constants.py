@@ -1,0 +1,146 @@
+"""SAGC's fixed internals: what used to be ``sagc:`` config fields and is now one constant each.
+
+Issue 32 cut the ``sagc:`` section to the knobs a user should set (:mod:`sagc_jax.config.sagc`).
+Everything else the controller reads lives here, in one frozen dataclass, at exactly the value
+it had as a config default (so behaviour is unchanged). Four memories are derived from
+``sagc.half_life`` (the ``*_x`` multipliers) and the residual ring from ``sagc.group_sizes``.
+
+The controller reads :data:`CONSTANTS` through :func:`constants` on every call, so an ablation
+can patch it in-process::
+
+    import dataclasses
+    from sagc_jax.config import sagc_constants as sc
+    sc.CONSTANTS = dataclasses.replace(sc.CONSTANTS, cost_ema=0.5)   # from now on
+    with sc.override_constants(hard_filter=False): ...               # within a block
+
+(Worker processes started with ``spawn`` re-import the module and see the defaults: patch in
+the worker, or use ``fork``.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "CONSTANTS",
+    "SAGCConstants",
+    "constants",
+    "credit_horizon",
+    "length_half_life",
+    "override_constants",
+    "rate_half_life",
+    "trend_half_life",
+    "window_rows",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class SAGCConstants:
+    """The controller's constants; each comment gives the reason for its value (docs/sagc.md,
+    "Defaults and why", has the measurements)."""
+
+    # Straggler event (straggler: group_ratio): a row cut at max_new_tokens is a straggler
+    # whatever the median, since its true length is unknown and at least the cap.
+    count_truncated: bool = True
+    # Judge the smallest rung on its posterior mean risk: holding it for uncertainty buys no
+    # safety (there is no safer rung), and a quantile that remembers a heavy start holds it long.
+    floor_on_mean: bool = True
+    # A group of G rows extended by the length model to g > G counts as (G/g)^p groups of
+    # evidence about g: 1 would trust the model as exact; 2 lets direct observations win fast.
+    extrapolation_power: float = 2.0
+    # Rungs G may move UP per step (down is unlimited); 0 = unlimited. One: a larger rung is
+    # tried a step at a time, as its risk is known only by extrapolation until it is run.
+    max_rung_step: int = 1
+    # Only rungs with risk <= the cap are eligible (False: the queue alone steers).
+    hard_filter: bool = True
+    # The rung just above the feasible ones is eligible too, so the queue time-shares the two
+    # rungs that bracket delta (the optimal stationary constrained policy) instead of wasting
+    # budget.
+    share_budget: bool = True
+    # reward > this counts as a pass (benefit model; rewards of the shipped tasks are 0/1).
+    pass_threshold: float = 0.5
+    # EM steps from the moments Beta toward the likelihood of the pass counts; 5 fixes most of
+    # the Beta's under-prediction on real (non-Beta) pass rates and stays a smoothed fit.
+    pass_em_iters: int = 5
+    # EMA weight of a new per-shape timing measurement: averages step-to-step noise over ~3 steps.
+    cost_ema: float = 0.3
+    # Ring of untruncated row length / group median: at least this many rows (and always at
+    # least window_rows_per_rung x the largest rung), enough for a stable bootstrap tail.
+    window_rows_min: int = 2048
+    window_rows_per_rung: int = 4
+    # Ring of recent group medians (tokens) for the bootstrap of E[decode steps].
+    window_groups: int = 256
+    # Monte-Carlo subsets / bootstrap draws per group and candidate (noise well below the
+    # posterior's at the step cost of a few ms).
+    mc_samples: int = 64
+    # Beta prior on each rung's risk: Jeffreys (uninformative, proper).
+    prior_a: float = 0.5
+    prior_b: float = 0.5
+    # Memories as multiples of sagc.half_life: the per-row truncation rate (1x), lambda's
+    # discounted realised rate when no horizon is known (5x: a run-long price, not a step's),
+    # the regression of log length on step (3x: a trend needs more steps than a rate), and the
+    # steps over which saved budget credit may be spent (3x). 0 for the trend = none (flat).
+    length_half_life_x: float = 1.0
+    rate_half_life_x: float = 5.0
+    trend_half_life_x: float = 3.0
+    credit_horizon_x: float = 3.0
+    # Change detection: likelihood-ratio statistic (about chi-square(1); false-alarm rate near
+    # 1e-4 per test) above which a change is declared; 0 = none.
+    change_threshold: float = 15.0
+    # Steps of per-step sums kept for the change test (windows of 1, 2, 4, ... steps).
+    change_window: int = 32
+    # Unused straggler budget saved for later, at most this much (0 = the queue counts debt only).
+    credit_cap: float = 100.0
+    # Seed of the controller's Monte-Carlo draws (key (seed, step, salt)); the simulator passes
+    # its own seed instead (init_state(cfg, seed=...)), as it always did.
+    seed: int = 0
+
+
+#: The constants in force. Replace (``dataclasses.replace``) to patch; see the module docstring.
+CONSTANTS = SAGCConstants()
+
+
+def constants() -> SAGCConstants:
+    """The constants in force now (reads the module attribute, so patches take effect)."""
+    return CONSTANTS
+
+
+@contextlib.contextmanager
+def override_constants(**changes: Any) -> Iterator[SAGCConstants]:
+    """``with override_constants(cost_ema=0.5): ...`` — patched within the block, restored after."""
+    global CONSTANTS
+    old = CONSTANTS
+    CONSTANTS = dataclasses.replace(old, **changes)
+    try:
+        yield CONSTANTS
+    finally:
+        CONSTANTS = old
+
+
+def length_half_life(cfg: Any) -> float:
+    """Steps; forgetting of the per-row truncation rate (= half_life at the default 1x)."""
+    return constants().length_half_life_x * cfg.half_life
+
+
+def rate_half_life(cfg: Any) -> float:
+    """Steps; memory of lambda's discounted realised rate without a horizon (5 x half_life)."""
+    return constants().rate_half_life_x * cfg.half_life
+
+
+def trend_half_life(cfg: Any) -> float:
+    """Steps; memory of the log-length trend (3 x half_life); 0 = no trend."""
+    return constants().trend_half_life_x * cfg.half_life
+
+
+def credit_horizon(cfg: Any) -> float:
+    """Steps over which saved credit may be spent: risk cap = delta + credit / this."""
+    return constants().credit_horizon_x * cfg.half_life
+
+
+def window_rows(cfg: Any) -> int:
+    """Length of the residual ring: max(window_rows_min, window_rows_per_rung x max rung)."""
+    c = constants()
+    return max(c.window_rows_min, c.window_rows_per_rung * max(cfg.group_sizes))
