@@ -48,7 +48,8 @@ def test_defaults_validate() -> None:
 def test_sagc_defaults_match_contract() -> None:
     s = Config().sagc
     assert s.enabled is True
-    assert s.delta == pytest.approx(0.1)
+    # issue 32: the tail-share cost by default, at most 60 % of a group's decode on its tail.
+    assert s.straggler == "tail_share" and s.delta == pytest.approx(0.6)
     assert s.batch_policy == "prompts" and s.rollouts_per_step is None
 
 

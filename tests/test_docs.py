@@ -44,7 +44,8 @@ def test_config_md_lists_every_key() -> None:
     text = gen.render()
     missing = [k for k in config_keys() if f"| `{k}` |" not in text]
     assert not missing, f"keys without a row in docs/config.md: {missing}"
-    assert "| `sagc.delta` | `float` | `0.1` | > 0, < 1 |" in text
+    # null: resolved from sagc.straggler (0.6 tail_share, 0.1 group_ratio; issue 32)
+    assert "| `sagc.delta` | `float \\| null` | `null` | > 0, < 1 |" in text
     assert "| `sagc.group_sizes` | `list[int]` | `[4, 8, 12, 16]` | each ≥ 2 |" in text
     assert "| `rewards[*].name` | `str` | `required` |" in text
     assert Config().algo.epsilon_high == 0.28 and "`epsilon_high` (TRL's" in text

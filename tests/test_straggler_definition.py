@@ -32,14 +32,14 @@ def test_tail_share_exact_values():
 def test_straggler_cost_switch():
     lengths = np.array([[10, 10, 10, 30], [10, 10, 12, 12]])
     truncated = np.array([[False] * 4, [False, False, False, True]])
-    ratio = SAGCConfig()  # default: today's event
-    assert ratio.straggler == "group_ratio"
+    ratio = SAGCConfig(straggler="group_ratio")  # the event rate (the default before issue 32)
+    assert SAGCConfig().straggler == "tail_share"
     np.testing.assert_array_equal(
         straggler_cost(ratio, lengths, truncated),
         straggler_events(lengths, truncated, 2.0, True).astype(float),
     )
     np.testing.assert_array_equal(straggler_cost(ratio, lengths, truncated), [1.0, 1.0])
-    ts = SAGCConfig(straggler="tail_share")  # truncation counts through length only
+    ts = SAGCConfig()  # tail_share: truncation counts through length only
     np.testing.assert_allclose(straggler_cost(ts, lengths, truncated), [20 / 30, 1 / 12])
 
 
@@ -70,10 +70,10 @@ def test_controller_feeds_tail_share():
     )
     new = observe(cfg, init_state(cfg), obs)
     # groups [10, 30] and [20, 20]: tail shares (30 - 20) / 30 and 0.
-    assert float(new["last_rate"]) == pytest.approx((1 / 3) / 2)
+    assert float(new["budget"]["last_rate"]) == pytest.approx((1 / 3) / 2)
     # the observed rung's pseudo-counts are exactly the groups' costs (weight 1 at g = G)
-    assert float(new["risk_a"][0]) == pytest.approx(1 / 3)
-    assert float(new["risk_b"][0]) == pytest.approx(2 - 1 / 3)
+    assert float(new["risk"]["a"][0]) == pytest.approx(1 / 3)
+    assert float(new["risk"]["b"][0]) == pytest.approx(2 - 1 / 3)
 
 
 def test_real_trace_replay_some_rung_in_budget():

@@ -218,10 +218,19 @@ def config_to_dict(cfg: Any) -> Any:
     return cfg
 
 
+def default_dict() -> dict[str, Any]:
+    """The defaults as a nested dict, what a config file is merged into. ``sagc.delta`` stays
+    null: its default follows ``sagc.straggler`` and is resolved at validation (a file or
+    override that sets only the straggler cost gets that cost's default budget)."""
+    d = config_to_dict(Config())
+    d["sagc"]["delta"] = None
+    return d
+
+
 def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> Config:
     """Load a YAML config (``None`` = all defaults), apply ``key=value`` overrides, validate."""
     data = read_yaml(path) if path is not None else {}
-    merged = _merge(config_to_dict(Config()), data)
+    merged = _merge(default_dict(), data)
     if overrides:
         merged = apply_overrides(merged, list(overrides))
     return config_from_dict(merged)
