@@ -286,3 +286,38 @@ def test_full_disk_and_library_tracebacks_become_one_line(capsys):
         log.removeHandler(handler)
     err = capsys.readouterr().err
     assert err.splitlines() == ["background save failed: ValueError"]
+
+
+def test_nested_sagc_state_roundtrips_and_the_old_flat_layout_is_one_line(saved, tmp_path):
+    """The SAGC state is one sub-dict per sub-model (issue 32): it round-trips through a run
+    checkpoint; a checkpoint holding the old flat state is refused in one line naming an old key
+    (not a traceback, not a silent fresh start)."""
+    from sagc_jax.sagc import SAGCConfig, init_state
+
+    st = saved["template"]()
+    nested = init_state(SAGCConfig(), horizon=40, seed=3)
+    nested["budget"]["queue"] = np.array(1.5)
+    nested["cost"]["measured"][1] = True
+    ck = _copy(saved, tmp_path / "a")
+    assert ck.save(3, ckpt.Snapshot(3, st.params, st.opt_state, nested, st.data_iter), force=True)
+    ck.wait()
+    tmpl = ckpt.Snapshot(0, st.params, st.opt_state, init_state(SAGCConfig()), st.data_iter)
+    got = ck.restore_latest(tmpl, saved["mcfg"])
+    assert got.step == 3 and sorted(got.sagc) == sorted(nested)
+    for m, sub in nested.items():
+        for k, v in sub.items():
+            np.testing.assert_array_equal(got.sagc[m][k], v)
+            assert got.sagc[m][k].dtype == v.dtype
+    ck.close()
+    # Steps 1 and 2 of the fixture hold a flat SAGC state, as every checkpoint before issue 32.
+    ck = _copy(saved, tmp_path / "b")
+    old = {"queue": np.zeros(()), "risk_a": np.zeros(4), "step": np.array(2)}
+    assert ck.save(3, ckpt.Snapshot(3, st.params, st.opt_state, old, st.data_iter), force=True)
+    ck.wait()
+    with pytest.raises(ckpt.CheckpointMismatchError) as exc:
+        ck.restore_latest(tmpl, saved["mcfg"])
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("checkpoint step 3: SAGC state key 'queue' is from "
+                                              "the old flat layout"), msg
+    assert "issue 32" in msg
+    assert [p.name for p in ck.directory.iterdir() if ckpt.CORRUPT_TAG in p.name] == []
