@@ -1,5 +1,7 @@
 """Which test files name each ``sagc:`` field (issue 32's knob audit; a grep, so *named* is not
-*tested*). Prints a Markdown table: field | default | test files.
+*tested*). Prints a Markdown table: field | default | test files. The real check is
+``tests/test_sagc_fields.py`` (``FIELD_TESTS``: each field's own test; the test of the map fails
+when a field is added without one).
 
 Usage: PYTHONPATH=$PWD python scripts/sagc_knob_audit.py
 """
@@ -27,7 +29,8 @@ def main() -> None:
     for name, f in SAGCConfig.model_fields.items():
         pat = pattern(name)
         hit = [n for n, t in tests.items() if pat.search(t)]
-        print(f"| `{name}` | {f.default!r} | {', '.join(hit) or '**none**'} |")
+        default = f.get_default(call_default_factory=True)
+        print(f"| `{name}` | {default!r} | {', '.join(hit) or '**none**'} |")
 
 
 if __name__ == "__main__":
