@@ -156,7 +156,9 @@ class SAGCConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _removed_and_delta(cls, data: Any) -> Any:
-        """Refuse the keys issue 32 removed (one line: what each became); fill in delta."""
+        """Refuse the keys issue 32 removed (one line: what each became); fill in delta from
+        ``straggler`` when it is left out or null (``DEFAULT_DELTA``). ``model_copy(update=
+        {"straggler": ...})`` is an unchecked replace and keeps the delta already resolved."""
         if not isinstance(data, dict):
             return data
         for key in data:
