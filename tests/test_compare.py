@@ -183,6 +183,7 @@ TINY = [
     "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short", "data.task_max_steps=3",
     "data.prompts_per_step=2", "data.num_eval=8", "sagc.group_sizes=[2,4]",
     "sagc.initial_group_size=2", "sagc.warmup_steps=1", "sagc.timing=model",
+    "sagc.straggler=group_ratio",  # G moves
     "sampling.max_new_tokens=32", "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8",
     "init.sft_steps=4", "init.sft_batch_size=8", "run.steps=3", "run.plots=false",
     "checkpoint.every=1", "checkpoint.keep=5",

@@ -37,6 +37,7 @@ COMMON = [
     "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short", "data.task_max_steps=3",
     "data.prompts_per_step=4", "data.shards=2", "sagc.group_sizes=[2,4]",
     "sagc.initial_group_size=4", "sagc.warmup_steps=1", "sagc.timing=model",
+    "sagc.straggler=group_ratio",  # G moves
     "sampling.max_new_tokens=32", "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8",
     "init.sft_steps=4", "init.sft_batch_size=8", "optim.lr=1e-3", "optim.warmup_steps=0",
     "checkpoint.every=0", "run.progress=false", "run.plots=false", "run.steps=3",

@@ -133,6 +133,8 @@ def test_delta_default_per_straggler_and_the_budget_binds():
     for bad in (0.0, 1.0):
         with pytest.raises(ConfigError, match=r"^sagc\.delta: must be in \(0, 1\)"):
             SAGCConfig(delta=bad)
+    with pytest.raises(ConfigError, match=r"^sagc\.straggler: must be one of"):  # not a crash
+        SAGCConfig.from_dict({"straggler": {"x": 1}})
     # The queue grows by the excess over delta: rate 0.5 vs delta 0.1 and 0.3.
     obs = _obs(ONE_TAIL, 4)
     for delta in (0.1, 0.3):

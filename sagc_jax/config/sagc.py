@@ -166,7 +166,9 @@ class SAGCConfig(Section):
                 raise rule_error(str(key), REMOVED_KEYS[key])
         if data.get("delta") is None:
             straggler = data.get("straggler", "tail_share")
-            data = {**data, "delta": DEFAULT_DELTA.get(straggler, DEFAULT_DELTA["tail_share"])}
+            # A bad straggler value is the Literal's error to report; any default does here.
+            delta = DEFAULT_DELTA.get(straggler, 0.6) if isinstance(straggler, str) else 0.6
+            data = {**data, "delta": delta}
         return data
 
     @model_validator(mode="after")

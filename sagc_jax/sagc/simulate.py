@@ -383,7 +383,8 @@ def format_table(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, v in pols.items():
-        rel = f"{v['benefit_per_s'] / best_static:.2f}x" if math.isfinite(best_static) else "n/a"
+        ok = math.isfinite(best_static) and best_static > 0
+        rel = f"{v['benefit_per_s'] / best_static:.2f}x" if ok else "n/a"
         rel_o = f"{v['benefit_per_s'] / oracle:.2f}x" if oracle > 0 else "n/a"
         lines.append(
             f"| {name} | {v['straggler_rate']:.3f} | {'yes' if v['meets_delta'] else 'no'} | "
