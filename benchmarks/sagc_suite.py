@@ -379,8 +379,15 @@ def run_suite(wls: dict[str, dict], seeds: int, variants: dict[str, list[str]],
                     jobs.append(("sagc", str(w["path"]), s, ws, tuple(ov), str(cache)))
         for s in range(POP_SEED0, POP_SEED0 + pop_seeds):
             jobs.append(("pop", str(w["path"]), s, ws, (), str(cache)))
+    # Anytime order: statics, shipped SAGC and the population seed by seed, then the variants
+    # seed by seed, so that a run cut short leaves complete seeds 0..k in the cache.
+    def order(j: tuple) -> tuple:
+        tier = int(j[0] == "sagc" and bool(j[4]))
+        rank = (j[2] - POP_SEED0) * seeds / max(pop_seeds, 1) if j[0] == "pop" else j[2]
+        return tier, rank, -steps[j[1]] * (10 if j[0] == "sagc" else 1)
+
     steps = {str(w["path"]): w["steps"] for w in wls.values()}
-    jobs.sort(key=lambda j: -steps[j[1]] * (10 if j[0] == "sagc" else 1))
+    jobs.sort(key=order)
     results: dict[tuple, object] = {}
     cpu, t0, done = 0.0, time.perf_counter(), 0
     if workers <= 1:
@@ -435,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", type=_variant, action="append", default=[],
                     help="NAME=key=value[,key=value]: SAGC with sagc.<key>=<value> (repeatable)")
     ap.add_argument("--variant-seeds", type=int, help="seeds of the variants (default --seeds)")
-    ap.add_argument("--pop-seeds", type=int, default=200,
+    ap.add_argument("--pop-seeds", type=int, default=100,
                     help="independent seeds for the known-parameter plans")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--cache", default=str(ROOT / "runs" / "sim_cache"))
