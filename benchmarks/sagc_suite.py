@@ -217,8 +217,8 @@ def _f(x: float, nd: int = 3) -> str:
     return f"{x:.{nd}f}" if np.isfinite(x) else "n/a"
 
 
-def _pair(r: tuple[float, float]) -> str:
-    return f"{_f(r[0])} ({_f(r[1])})" if np.isfinite(r[0]) else "n/a"
+def _pair(r: tuple[float, float], nd: int = 3) -> str:
+    return f"{_f(r[0], nd)} ({_f(r[1], nd)})" if np.isfinite(r[0]) else "n/a"
 
 
 def targets(w: dict) -> dict[str, bool | None]:
@@ -258,7 +258,7 @@ def table_md(res: dict, meta: dict) -> str:
         out.append(
             f"| {name} | {w['straggler']}, {w['delta']:g} | {w['best_static'] or 'none'} | "
             f"{s['benefit_per_s']:.4f} | {s['cost']:.3f} | {_pair(s['vs_best_static'])} | "
-            f"{_f(plan['vs_best_static'][0])} | {_pair(s['vs_plan_causal'])} | "
+            f"{_f(plan['vs_best_static'][0])} | {_pair(s['vs_plan_causal'], 4)} | "
             f"{_pair(s['vs_oracle'])} | {s['mean_g']:.2f} | {_mark(tg['budget'])} | "
             f"{_mark(tg['causal'])} | {_mark(tg['static'])} |")
     n = {k: [targets(w)[k] for w in wls.values()] for k in ("budget", "causal", "static")}
