@@ -202,7 +202,7 @@ def aggregate(wl: dict, statics: list[dict], pops: list[dict], sagc: dict[str, l
         if name != "sagc" and k == variant_seeds and name in sagc:
             p["vs_sagc"] = _ratio(rows, per["sagc"][:k])
             r = np.array([(a[0] / a[1]) / (b[0] / b[1]) for a, b in zip(rows, per["sagc"])])
-            p["vs_sagc_se"] = float(r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else 0.0
+            p["vs_sagc_se"] = float(r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else np.nan
     return {"group": wl["group"], "delta": delta, "tol": tol, "straggler": wl["straggler"],
             "sizes": list(sizes), "seeds": n_seeds, "pop_seeds": len(pops), "best_static": best,
             "policies": pooled}
@@ -317,7 +317,8 @@ def ablation_md(res: dict, variants: dict[str, list[str]], meta: dict) -> str:
             cells.append(_f(p["vs_sagc"][0]) + ("" if p["meets"] else " **over**"))
         out.append(f"| {wl} | " + " | ".join(cells) + " |")
     out.append("| **max loss** (± se of the per-seed ratio) | " + " | ".join(
-        f"{verdict[n]['max_loss']:+.1%} ± {verdict[n]['se']:.1%} ({verdict[n]['workload']})"
+        f"{verdict[n]['max_loss']:+.1%} ± {_f(100 * verdict[n]['se'], 1)} % "
+        f"({verdict[n]['workload']})"
         for n in names) + " |")
     out.append("| breaks a budget | " + " | ".join(
         ", ".join(verdict[n]["breaks_budget"]) or "no" for n in names) + " |")
@@ -427,6 +428,15 @@ def _variant(s: str) -> tuple[str, list[str]]:
     return name, kv.split(",")
 
 
+def _finite(x):
+    """NaN -> None, recursively (strict JSON)."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return None if isinstance(x, float) and not np.isfinite(x) else x
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
@@ -473,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         write_md(Path(a.out), sections)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"meta": meta, **res}, indent=1) + "\n")
+        Path(a.json).write_text(json.dumps(_finite({"meta": meta, **res}), indent=1) + "\n")
     return 0
 
 
