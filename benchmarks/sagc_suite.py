@@ -3,7 +3,7 @@
     python benchmarks/sagc_suite.py --seeds 40 --out benchmarks/sagc_sim.md
     python benchmarks/sagc_suite.py --seeds 40 --variant-seeds 20 \\
         --variant no_credit=credit_cap=0 --variant no_trend=trend_half_life=null \\
-        --out benchmarks/sagc_sim.md --json benchmarks/results/sagc_ablation.json
+        --out benchmarks/sagc_sim.md --json benchmarks/results/sagc_suite.json
     python benchmarks/sagc_suite.py --only drift,bimodal --seeds 4        # a quick look
 
 For every workload of ``configs/sim/*.yaml`` and ``configs/sim/real/*.yaml`` (``GROUPS``) and
