@@ -99,22 +99,38 @@ def _population(seed: int, config: str, steps: int, sets: list[str]) -> dict:
     return _phase_means(sim, run_policies(sim, statics, steps=steps), steps)[0]
 
 
+def known_plans(pop: list[dict], t: np.ndarray, delta: float, sizes) -> dict[str, np.ndarray]:
+    """The known-parameter plans: the causal and hindsight programs solved once on the
+    per-phase, per-rung means over the independent seeds ``pop`` (``_population``'s outputs);
+    t: steps per phase [K]. Returns {"causal", "oracle"} -> time fractions [K, G]."""
+    mean = {k: np.mean([p[k] for p in pop], axis=0) for k in _KEYS}
+    return {name: solve(t, mean["benefit"], mean["step_s"], mean["straggler_rate"], delta,
+                        sizes).fractions
+            for name, solve in (("causal", solve_causal), ("oracle", solve_oracle))}
+
+
+def score_plan(x: np.ndarray, t: np.ndarray, phase: dict) -> tuple[float, float, float]:
+    """A plan's time fractions x [K, G] scored on per-phase, per-rung means ``phase`` (one
+    seed's, or the mean over seeds): (benefit, seconds, mean straggler rate) over the run."""
+    w = t[:, None] * x
+    return (float((w * phase["benefit"]).sum()), float((w * phase["step_s"]).sum()),
+            float((w * phase["straggler_rate"]).sum() / t.sum()))
+
+
 def _ceilings(out: list[dict], pop: list[dict], pooled_sagc: float) -> None:
     """Print the per-seed ceilings, the known-parameter plans scored on the evaluation draws,
     and SAGC's pooled ratio to each."""
     delta, sizes = out[0]["_cfg"]
     t = out[0]["_steps"]
-    mean = {k: np.mean([p[k] for p in pop], axis=0) for k in _KEYS}
+    plans = known_plans(pop, t, delta, sizes)
     evald = {k: np.mean([o["_phase"][k] for o in out], axis=0) for k in _KEYS}
     sagc_phase = np.mean([o["_sagc_phase"] for o in out], axis=0)
     print(f"ceilings ({len(pop)} independent seeds for the known parameters):")
-    for name, solve, key in (("causal", solve_causal, "_causal"),
-                             ("oracle", solve_oracle, "_oracle")):
-        x = solve(t, mean["benefit"], mean["step_s"], mean["straggler_rate"], delta,
-                  sizes).fractions
+    for name, key in (("causal", "_causal"), ("oracle", "_oracle")):
+        x = plans[name]
         w = t[:, None] * x
-        score = float((w * evald["benefit"]).sum() / (w * evald["step_s"]).sum())
-        rate = float((w * evald["straggler_rate"]).sum() / t.sum())
+        ben, sec, rate = score_plan(x, t, evald)
+        score = ben / sec
         plan = " / ".join(
             "+".join(f"{g}:{f:.2f}" if f < 0.995 else str(g)
                      for g, f in zip(sizes, row) if f > 0.005) for row in x)
