@@ -97,10 +97,30 @@ def test_real_trace_replay_some_rung_in_budget():
     assert not any(res0[f"static-{g}"]["meets_delta"] for g in (4, 8, 16))
 
 
-@pytest.mark.parametrize("name", ["smollm2_run_replay", "smollm2_run_replay_time"])
+@pytest.mark.parametrize("name", ["smollm2_run_replay", "smollm2_run_replay_time",
+                                  "smollm2_static16_replay", "smollm2_static16_replay_time"])
 def test_real_grpo_run_trace_replays(name):
-    """The real GRPO run's trace.jsonl replays (bootstrap and time-ordered) in the simulator."""
+    """The real GRPO run's trace.jsonl and the untrained model's G = 16 recording replay
+    (bootstrap and time-ordered) in the simulator."""
     sim = load_sim_config(ROOT / f"configs/sim/real/{name}.yaml", ["steps=40"])
     res = summarize(sim, run_policies(sim, make_policies(sim)))
     assert {"static-4", "static-16", "sagc"} <= set(res)
     assert all(res[p]["benefit_per_s"] > 0 for p in ("static-4", "static-16", "sagc"))
+
+
+def test_real_static16_recording_separates_the_rungs():
+    """The untrained model recorded at G = 16 (scripts/record_rollouts.py): 32 prompts x 16
+    rows; every rung replays recorded rows (no extrapolation), the tail share grows with g, and
+    at delta 0.6 static-4 is in budget, static-16 is not (docs/results/smollm2/
+    static16_recording.md)."""
+    from sagc_jax.sagc.workload import load_trace_groups
+
+    groups, steps = load_trace_groups(ROOT / "configs/sim/traces/smollm2_static16_trace.jsonl")
+    assert len(groups) == 32 and all(len(gl) == 16 for gl, _, _, _ in groups)
+    assert steps.tolist() == list(range(1, 33))
+    sim = load_sim_config(ROOT / "configs/sim/real/smollm2_static16_replay.yaml", ["steps=60"])
+    assert sim.sagc.delta == 0.6 and sim.sagc.straggler == "tail_share"
+    res = summarize(sim, run_policies(sim, make_policies(sim.sagc)))
+    rates = [res[f"static-{g}"]["straggler_rate"] for g in (4, 8, 16)]
+    assert rates == sorted(rates)
+    assert res["static-4"]["meets_delta"] and not res["static-16"]["meets_delta"]
