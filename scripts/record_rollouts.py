@@ -19,7 +19,10 @@ static-G training run's step 1 row for row. Each record is the trainer's trace.j
 
 prints the recording's figures (docs/results/smollm2/static16_recording.md): rows at the cap,
 length mean / p90 / p99, pass rate, and the tail share at every g <= the recorded G computed
-exactly from the recorded groups (the mean over all g-subsets of each group's rows).
+exactly from the recorded groups (the mean over all g-subsets of each group's rows);
+`--first-rows 4 --out T4.jsonl` also writes the trace a G = 4 recording of the same prompts
+would have given (each group's first 4 rows), to measure the simulator's extrapolation above
+the recorded G against the rows actually recorded.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ def report(path: str, group_sizes: tuple[int, ...] = (4, 8, 16), threshold: floa
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--report", metavar="TRACE", help="no sampling: print TRACE's figures")
+    ap.add_argument("--first-rows", type=int, default=None, metavar="K",
+                    help="with --report and --out: also write TRACE cut to the first K rows of "
+                    "every group (what a G = K recording of the same prompts would have seen)")
     ap.add_argument("--config")
     ap.add_argument("--group-size", type=int, default=16)
     ap.add_argument("--prompts", type=int, default=32, help="prompts in all (multiple of the "
@@ -111,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.report:
         print(report(args.report))
+        if args.first_rows and args.out:
+            with open(args.report) as f, open(args.out, "w") as sink:
+                for line in filter(str.strip, f):
+                    rec = json.loads(line)
+                    rec["group_size"] = args.first_rows
+                    rec["groups"] = [{k: v[:args.first_rows] for k, v in gr.items()}
+                                     for gr in rec["groups"]]
+                    sink.write(json.dumps(rec) + "\n")
         return 0
     if not args.config or not args.out:
         ap.error("--config and --out are required (unless --report)")
