@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from sagc_jax.config import load_config
+from sagc_jax.config.sagc import SAGCConfig, migrate_legacy_sagc
 from sagc_jax.sagc import make_policy
 from sagc_jax.sagc.events import Observation
 from sagc_jax.sagc.timing import TimeModel
-from sagc_jax.train.setup import _with_horizon
 
 RUNS = Path(__file__).resolve().parents[1] / "docs/results/smollm2/run_files"
 
@@ -28,10 +28,13 @@ def _jsonl(path: Path) -> list[dict]:
 def replay(run_dir: Path) -> tuple[list[int], list[dict], list[dict]]:
     """(the G the controller chooses at every step, the metrics it returns, the logged rows),
     feeding it each logged step as the trainer does (`observation_from` with timing: model)."""
-    cfg = load_config(run_dir / "config.yaml")
-    sagc = _with_horizon(cfg)
+    # The runs were written before the issue-32 rewrite: their sagc section is migrated (every
+    # removed key held the value that is now a constant), the rest loads as it is.
+    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    sagc = SAGCConfig.from_dict(migrate_legacy_sagc(raw.pop("sagc")))
+    chunk = int(raw["sampling"]["decode_chunk"])
     assert sagc.timing == "model"
-    policy = make_policy(sagc)
+    policy = make_policy(sagc, horizon=int(raw["run"]["steps"]))
     tm = TimeModel.from_sagc(sagc)
     metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if "group_size" in m]
     trace = {t["step"]: t for t in _jsonl(run_dir / "trace.jsonl")}
@@ -42,15 +45,15 @@ def replay(run_dir: Path) -> tuple[list[int], list[dict], list[dict]]:
         g, rows, steps = t["group_size"], m["rows"], m["decode_steps"]
         lengths = [n for gr in t["groups"] for n in gr["lengths"]]
         # decode steps: the longest row rounded up to a whole decode chunk
-        assert steps == math.ceil(max(lengths) / cfg.sampling.decode_chunk) * \
-            cfg.sampling.decode_chunk
+        assert steps == math.ceil(max(lengths) / chunk) * \
+            chunk
         out.append(policy.observe(Observation(
             group_size=g, lengths=np.array(lengths),
             truncated=np.array([x for gr in t["groups"] for x in gr["truncated"]]),
             rewards=np.array([x for gr in t["groups"] for x in gr["rewards"]]),
             max_new_tokens=t["max_new_tokens"], prefill_s=tm.prefill_s(rows),
             decode_s=steps * tm.decode_step_s(rows), decode_steps=steps, rows=rows,
-            prompts=rows // g, decode_chunk=cfg.sampling.decode_chunk)))
+            prompts=rows // g, decode_chunk=chunk)))
     return chosen, out, metrics
 
 
@@ -81,3 +84,14 @@ def test_static16_run_trace_is_the_run_and_starts_as_the_recording():
     assert (traces / "smollm2_static16_run_trace.jsonl").read_text() == run
     rec = json.loads((traces / "smollm2_static16_trace.jsonl").read_text().splitlines()[0])
     assert json.loads(run.splitlines()[0])["groups"] == rec["groups"]
+
+
+def test_legacy_sagc_section_migrates_only_at_the_constants():
+    """An old saved sagc section maps onto today's schema (time_model from model_*), and one
+    whose removed key held another value is refused in one line naming the key."""
+    old = yaml.safe_load((RUNS / "sagc" / "config.yaml").read_text())["sagc"]
+    new = SAGCConfig.from_dict(migrate_legacy_sagc(old))
+    assert new.time_model.decode_b == old["model_decode_b"] and new.delta == old["delta"]
+    with pytest.raises(Exception, match="sagc.tie_margin") as e:
+        migrate_legacy_sagc({**old, "tie_margin": 0.02})
+    assert "\n" not in str(e.value)

@@ -20,7 +20,14 @@ from pydantic import AfterValidator, Field, model_validator
 from sagc_jax.config.base import Bool, Float, Int, Section, Str, field, rule_error
 from sagc_jax.config.sagc_constants import SAGCConstants
 
-__all__ = ["DEFAULT_DELTA", "REMOVED_KEYS", "SAGCConfig", "TimeModelSection", "risk_level"]
+__all__ = [
+    "DEFAULT_DELTA",
+    "REMOVED_KEYS",
+    "SAGCConfig",
+    "TimeModelSection",
+    "migrate_legacy_sagc",
+    "risk_level",
+]
 
 
 def risk_level(risk: str) -> float | None:
@@ -89,6 +96,31 @@ def _removed_keys() -> dict[str, str]:
 
 #: Every key the rewrite removed, with its one-line explanation (see :func:`_removed_keys`).
 REMOVED_KEYS: dict[str, str] = _removed_keys()
+
+
+def migrate_legacy_sagc(old: dict[str, Any]) -> dict[str, Any]:
+    """A pre-issue-32 ``sagc:`` mapping (a saved run's config.yaml) in today's schema: the
+    ``model_*`` terms become ``time_model``, ``horizon`` is dropped (the trainer passes
+    run.steps), and every other removed key is dropped *only if* it holds the value that is now
+    the constant or derived quantity; otherwise a one-line error names the key (the run used a
+    setting this controller no longer has, so its decisions would not reproduce)."""
+    c = SAGCConstants()
+    half = float(old.get("half_life", 100.0))
+    sizes = old.get("group_sizes", (4, 8, 12, 16))
+    now: dict[str, Any] = {k: getattr(c, k) for k in REMOVED_KEYS if hasattr(c, k)}
+    now |= {f"{k}": getattr(c, f"{k}_x") * half for k in
+            ("length_half_life", "rate_half_life", "trend_half_life", "credit_horizon")}
+    now |= {"window_rows": max(c.window_rows_min, c.window_rows_per_rung * max(sizes)),
+            "tie_margin": 0.0, "objective": "rate"}
+    new = {k: v for k, v in old.items() if k not in REMOVED_KEYS}
+    tm = {k[len("model_"):]: old[k] for k in REMOVED_KEYS if k.startswith("model_") and k in old}
+    if tm:
+        new["time_model"] = tm
+    for k, v in old.items():
+        if k in now and v != now[k]:
+            raise ValueError(f"sagc.{k}: {REMOVED_KEYS[k]}; this config has {v!r}, the "
+                             f"controller now uses {now[k]!r}, so it cannot be migrated")
+    return new
 
 
 class SAGCConfig(Section):
