@@ -92,6 +92,6 @@ def test_legacy_sagc_section_migrates_only_at_the_constants():
     old = yaml.safe_load((RUNS / "sagc" / "config.yaml").read_text())["sagc"]
     new = SAGCConfig.from_dict(migrate_legacy_sagc(old))
     assert new.time_model.decode_b == old["model_decode_b"] and new.delta == old["delta"]
-    with pytest.raises(Exception, match="sagc.tie_margin") as e:
+    with pytest.raises(ValueError, match=r"sagc\.tie_margin") as e:
         migrate_legacy_sagc({**old, "tie_margin": 0.02})
     assert "\n" not in str(e.value)
