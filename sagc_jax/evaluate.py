@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from sagc_jax.config import Config, load_config
+from sagc_jax.config import Config, load_saved_config
 from sagc_jax.data.tokenizer import (
     decode_completion,
     encode_prompt,
@@ -257,14 +257,14 @@ def load_policy(
     src = resolve_checkpoint(checkpoint)
     if src.kind == "hf":
         cfg_path = src.path / CONFIG_IN_HF_DIR
-        cfg = load_config(cfg_path) if cfg_path.is_file() else None
+        cfg = load_saved_config(cfg_path) if cfg_path.is_file() else None
         model, mcfg = from_pretrained(src.path, mesh=mesh)
         tok = tokenizer if tokenizer is not None else _hf_tokenizer(src.path, cfg)
     else:
         from sagc_jax.checkpoint import RunCheckpointer
 
         assert src.run_dir is not None
-        cfg = load_config(src.run_dir / _RUN_CONFIG)
+        cfg = load_saved_config(src.run_dir / _RUN_CONFIG)
         tok = (tokenizer if tokenizer is not None
                else load_run_tokenizer(cfg.model.tokenizer, cfg.model.path))
         abstract = _abstract_run_model(cfg, tok)

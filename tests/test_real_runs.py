@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from sagc_jax.config import ConfigError, load_config, load_saved_config
 from sagc_jax.config.sagc import SAGCConfig, migrate_legacy_sagc
 from sagc_jax.sagc import make_policy
 from sagc_jax.sagc.events import Observation
@@ -94,4 +95,22 @@ def test_legacy_sagc_section_migrates_only_at_the_constants():
     assert new.time_model.decode_b == old["model_decode_b"] and new.delta == old["delta"]
     with pytest.raises(ValueError, match=r"sagc\.tie_margin") as e:
         migrate_legacy_sagc({**old, "tie_margin": 0.02})
+    assert "\n" not in str(e.value)
+
+
+def test_saved_pre_rewrite_config_loads_for_eval_and_export(tmp_path):
+    """`load_saved_config` (what evaluate/export read a run's config.yaml with) migrates an old
+    sagc section; one holding a setting the controller no longer has fails naming file and key."""
+    path = RUNS / "sagc" / "config.yaml"
+    raw = yaml.safe_load(path.read_text())
+    cfg = load_saved_config(path)
+    assert cfg.sagc == SAGCConfig.from_dict(migrate_legacy_sagc(raw["sagc"]))
+    assert cfg.run.steps == raw["run"]["steps"]
+    assert cfg.model.lora.rank == raw["model"]["lora"]["rank"]
+    with pytest.raises(ConfigError, match=r"sagc\.count_truncated"):
+        load_config(path)  # a *new* config with a removed key is still refused
+    bad = tmp_path / "config.yaml"
+    bad.write_text(yaml.safe_dump({**raw, "sagc": {**raw["sagc"], "credit_cap": 9.0}}))
+    with pytest.raises(ConfigError, match=r"config\.yaml: sagc\.credit_cap") as e:
+        load_saved_config(bad)
     assert "\n" not in str(e.value)

@@ -22,6 +22,7 @@ from sagc_jax.config.load import (
     config_from_dict,
     config_to_dict,
     load_config,
+    load_saved_config,
     read_yaml,
     save_config,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "config_keys",
     "config_to_dict",
     "load_config",
+    "load_saved_config",
     "read_yaml",
     "save_config",
 ]

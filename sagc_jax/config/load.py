@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel
 
 from sagc_jax.config.errors import ConfigError, fmt
+from sagc_jax.config.sagc import REMOVED_KEYS, migrate_legacy_sagc
 from sagc_jax.config.schema import Config
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "load_config",
+    "load_saved_config",
     "read_yaml",
     "save_config",
     "yaml_load",
@@ -234,6 +236,24 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
     if overrides:
         merged = apply_overrides(merged, list(overrides))
     return config_from_dict(merged)
+
+
+def load_saved_config(path: str | os.PathLike[str]) -> Config:
+    """Load a config a run or an export *saved* (``config.yaml``, ``sagc_jax_config.yaml``).
+
+    As :func:`load_config`, but a ``sagc:`` section written before the issue-32 rewrite is
+    mapped to today's schema first (:func:`~sagc_jax.config.sagc.migrate_legacy_sagc`): an old
+    run stays evaluable and exportable. A removed key holding a setting the controller no
+    longer has is a one-line error naming the file and the key.
+    """
+    data = read_yaml(path)
+    sagc = data.get("sagc") if isinstance(data, Mapping) else None
+    if isinstance(sagc, Mapping) and any(k in REMOVED_KEYS for k in sagc):
+        try:
+            data = {**data, "sagc": migrate_legacy_sagc(dict(sagc))}
+        except ValueError as e:
+            raise ConfigError(f"{os.fspath(path)}: {e}") from None
+    return config_from_dict(_merge(default_dict(), data))
 
 
 def save_config(cfg: Config, path: str | os.PathLike[str]) -> None:
