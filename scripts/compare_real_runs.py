@@ -16,10 +16,10 @@ Per run and step, from those files only:
   (1 - 1/g); beside it the controller's `realised_benefit` (passes at reward > pass_threshold
   not all equal).
 
-Writes `<out>/sagc_vs_static.png` (reward vs cumulative modelled seconds and vs step, G over
-steps, tail share per step vs delta, truncated fraction, completion length) and
-`<out>/sagc_vs_static_table.md` (per-run sums); `--copy DIR` copies each run's config.yaml,
-metrics.jsonl and trace.jsonl to DIR/<name>/.
+Writes `<out>/<name>.png` (`--name`, default sagc_vs_static: reward vs cumulative modelled
+seconds and vs step, G over steps, tail share per step vs delta, truncated fraction,
+completion length) and `<out>/<name>_table.md` (per-run sums); `--copy DIR` copies each
+run's config.yaml, metrics.jsonl and trace.jsonl to DIR/<name>/.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sagc_jax.config import load_config  # noqa: E402
+from sagc_jax.config import load_saved_config  # noqa: E402
+from sagc_jax.config.sagc_constants import constants  # noqa: E402
 from sagc_jax.sagc.estimators import realised_benefit  # noqa: E402
 from sagc_jax.sagc.events import tail_share  # noqa: E402
 from sagc_jax.sagc.timing import TimeModel  # noqa: E402
@@ -48,7 +49,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 def load_run(run_dir: Path) -> dict[str, Any]:
     """Per-step arrays of one run (see the module docstring)."""
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_saved_config(run_dir / "config.yaml")
     metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if "group_size" in m]
     trace = {t["step"]: t for t in _jsonl(run_dir / "trace.jsonl")}
     tm = TimeModel.from_sagc(cfg.sagc)
@@ -71,7 +72,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         out["len_mean"].append(float(lengths.mean()))
         out["len_p90"].append(float(np.percentile(lengths, 90)))
         out["benefit"].append(float((rewards.max(-1) != rewards.min(-1)).sum()) * (1 - 1 / g))
-        out["benefit_ctrl"].append(realised_benefit(rewards, cfg.sagc.pass_threshold))
+        out["benefit_ctrl"].append(realised_benefit(rewards, constants().pass_threshold))
         out["logged_rate"].append(m["straggler_rate"])
     run = {k: np.asarray(v) for k, v in out.items()}
     run["cfg"] = cfg
@@ -81,16 +82,17 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 def table(runs: dict[str, dict[str, Any]], delta: float) -> list[str]:
     """Markdown: one row per run."""
     lines = [
-        "| run | steps | G (per step) | reward, mean | first 8 | last 8 | tail share, run mean "
-        f"(delta {delta}) | truncated | len mean | modelled rollout s | measured wall s "
+        "| run | steps | G (per step) | reward, mean | first half | last half | tail share, run "
+        f"mean (delta {delta}) | truncated | len mean | modelled rollout s | measured wall s "
         "(rollout) | benefit | benefit / modelled s | controller benefit / modelled s |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in runs.items():
+        half = len(r["step"]) // 2
         gs = ",".join(str(int(g)) for g in r["g"]) if len(set(r["g"])) > 1 else f"{int(r['g'][0])}"
         ms = r["model_s"].sum()
         lines.append(
             f"| {name} | {len(r['step'])} | {gs} | {r['reward'].mean():.3f} | "
-            f"{r['reward'][:8].mean():.3f} | {r['reward'][-8:].mean():.3f} | "
+            f"{r['reward'][:half].mean():.3f} | {r['reward'][half:].mean():.3f} | "
             f"{r['tail_share'].mean():.3f} {'≤' if r['tail_share'].mean() <= delta else '>'} "
             f"{delta} | {r['truncated'].mean():.1%} | {r['len_mean'].mean():.0f} | {ms:.1f} | "
             f"{r['wall_s'].sum():.0f} ({r['rollout_s'].sum():.0f}) | {r['benefit'].sum():.2f} | "
@@ -137,7 +139,8 @@ def plot(runs: dict[str, dict[str, Any]], delta: float, path: Path) -> None:
         ax[1, 1].plot(r["step"], r["truncated"], **kw)
         ax[1, 2].plot(r["step"], r["len_mean"], **kw)
     ax[0, 0].set(title="training reward vs cumulative modelled rollout s",
-                 xlabel="modelled seconds (sagc time model)", ylabel="reward mean (16 rows)")
+                 xlabel="modelled seconds (sagc time model)",
+                 ylabel="reward mean (the step's rows)")
     ax[0, 1].set(title="training reward vs step", xlabel="step")
     ax[0, 2].set(title="group size G (lines offset 2 % to stay apart)", xlabel="step",
                  yticks=[4, 8, 16])
@@ -158,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--delta", type=float, default=None,
                     help="the budget drawn (default: the first run's sagc.delta)")
+    ap.add_argument("--name", default="sagc_vs_static",
+                    help="output files <out>/<name>.png and <out>/<name>_table.md")
     ap.add_argument("--copy", default=None, metavar="DIR",
                     help="copy each run's config.yaml, metrics.jsonl, trace.jsonl to DIR/NAME/")
     args = ap.parse_args(argv)
@@ -166,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     delta = args.delta if args.delta is not None else next(iter(runs.values()))["cfg"].sagc.delta
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(runs, delta, out / "sagc_vs_static.png")
-    md = ["Generated by `python scripts/compare_real_runs.py` (see sagc_vs_static.md).", "",
+    plot(runs, delta, out / f"{args.name}.png")
+    md = [f"Generated by `python scripts/compare_real_runs.py` (see {args.name}.md).", "",
           *table(runs, delta), "", *step_table(runs), ""]
-    (out / "sagc_vs_static_table.md").write_text("\n".join(md))
+    (out / f"{args.name}_table.md").write_text("\n".join(md))
     print("\n".join(md))
     if args.copy:
         for n, d in dirs.items():
