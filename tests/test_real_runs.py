@@ -5,6 +5,7 @@ docs/results/smollm2/run_files/ (scripts/compare_real_runs.py --copy), so this n
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -20,6 +21,8 @@ from sagc_jax.sagc.events import Observation
 from sagc_jax.sagc.timing import TimeModel
 
 RUNS = Path(__file__).resolve().parents[1] / "docs/results/smollm2/run_files"
+#: The 32-step runs at batch_policy: prompts (2 prompts a step, sagc.V 0.1), sagc_prompts.md.
+RUNS_PROMPTS = RUNS.parent / "run_files_prompts"
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -68,13 +71,26 @@ def test_real_run_files_complete(name):
     assert all(m["rows"] == 16 for m in metrics)
 
 
-def test_real_sagc_run_decisions_replay_exactly():
-    chosen, out, metrics = replay(RUNS / "sagc")
+@pytest.mark.parametrize("run_dir", [RUNS / "sagc", RUNS_PROMPTS / "sagc"],
+                         ids=["rollouts16", "prompts32"])
+def test_real_sagc_run_decisions_replay_exactly(run_dir):
+    chosen, out, metrics = replay(run_dir)
     assert chosen == [m["group_size"] for m in metrics]
     for o, m in zip(out, metrics):
         for k in ("straggler_rate", "sagc_queue", "risk_g4", "risk_g8", "risk_g16"):
             assert o[k] == pytest.approx(m[k], rel=1e-9, abs=1e-12), (m["step"], k)
         assert o["sagc_reason"] == m["sagc_reason"]
+
+
+def test_real_prompts_run_moves_g_within_the_budget():
+    """The 32-step prompts run (sagc_prompts.md): G changes after the warm-up, both 4 and 8 are
+    run, and the run's mean tail share is within delta + 0.01 (the issue's budget test)."""
+    metrics = [m for m in _jsonl(RUNS_PROMPTS / "sagc" / "metrics.jsonl") if "group_size" in m]
+    g = [m["group_size"] for m in metrics]
+    assert len(g) == 32 and all(m["rows"] == 2 * m["group_size"] for m in metrics)
+    after = g[4:]
+    assert {4, 8} <= set(after) and sum(a != b for a, b in itertools.pairwise(after)) >= 4
+    assert np.mean([m["straggler_rate"] for m in metrics]) <= 0.6 + 0.01
 
 
 def test_static16_run_trace_is_the_run_and_starts_as_the_recording():
