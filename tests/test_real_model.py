@@ -30,7 +30,7 @@ def test_real_config_trains_two_steps(tmp_path):
     cfg = load_config(ROOT / "configs" / "smollm2-135m_rg_cpu.yaml", [
         f"model.path={GGUF}", f"run.dir={tmp_path / 'run'}", "run.steps=2", "run.eval_every=0",
         "run.progress=false", "run.plots=false", "data.num_eval=0", "sampling.max_new_tokens=16",
-        "sagc.group_sizes=[4]", "sagc.initial_group_size=4", "sagc.rollouts_per_step=4",
+        "sagc.group_sizes=[4]", "sagc.initial_group_size=4", "data.prompts_per_step=1",
         "checkpoint.every=2"])
     train(cfg)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
