@@ -93,6 +93,16 @@ def test_train_file_with_null_task() -> None:
     assert cfg.data.task is None and cfg.data.train_file == "train.jsonl"
 
 
+def test_null_override_replaces_a_section(tmp_path: pathlib.Path) -> None:
+    """`model.lora=null` on the command line turns off the file's LoRA (full fine-tuning); a
+    file's empty section header (`lora:` with nothing under it) keeps the default section."""
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  lora: {rank: 4, alpha: 8.0}\nsampling:\n")
+    assert load_config(str(p)).model.lora.rank == 4
+    assert load_config(str(p), ["model.lora=null"]).model.lora is None
+    assert load_config(str(p)).sampling == Config().sampling
+
+
 def test_apply_overrides_does_not_mutate() -> None:
     base = {"sagc": {"delta": 0.1}}
     out = apply_overrides(base, ["sagc.delta=0.2", "rewards[0]={name: x}"])

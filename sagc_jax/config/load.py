@@ -170,7 +170,10 @@ def _set(root: dict[str, Any], key: str, path: list[str | int], value: Any) -> N
         elif not isinstance(cur, dict):
             raise ConfigError(f"{key}: {where.rsplit('.', 1)[0]!r} is not a section")
         if last:
-            cur[part] = _merge(cur[part] if isinstance(part, int) else cur.get(part), value)
+            # An explicit `key=null` replaces (`model.lora=null`: full fine-tuning); only a
+            # file's empty section header keeps the section (``_merge``).
+            old = cur[part] if isinstance(part, int) else cur.get(part)
+            cur[part] = None if value is None else _merge(old, value)
             return
         nxt = cur[part] if isinstance(part, int) else cur.get(part)
         if nxt is None:
@@ -183,7 +186,8 @@ def apply_overrides(d: Mapping[str, Any], overrides: list[str]) -> dict[str, Any
     """Return a copy of nested dict ``d`` with ``key=value`` overrides applied.
 
     Values are YAML (``sagc.group_sizes=[4,8]``, ``model.path=null``); mapping values are
-    merged into existing sections. List items are addressed as ``rewards[0].weight``.
+    merged into existing sections, ``null`` replaces one (``model.lora=null``). List items are
+    addressed as ``rewards[0].weight``.
     """
     root: dict[str, Any] = _merge({}, d)
     for ov in overrides:
