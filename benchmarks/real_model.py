@@ -312,7 +312,8 @@ def run_trl(args: argparse.Namespace, prompts: list[dict[str, Any]], tmp: str,
 def run_ours(args: argparse.Namespace, tmp: str, i: int) -> list[dict[str, Any]]:
     d = os.path.join(tmp, f"ours{i}")
     cmd = [sys.executable, "-m", "sagc_jax.cli", "train", "--config", str(CONFIG),
-           f"model.path={GGUF}", f"run.dir={d}", f"run.steps={args.steps + 1}", f"run.seed={args.seed + i}",
+           f"model.path={GGUF}", f"run.dir={d}", f"run.steps={args.steps + 1}",
+           f"run.seed={args.seed + i}",
            "run.eval_every=0", "sagc.enabled=false", f"sagc.initial_group_size={args.G}",
            f"sagc.group_sizes=[{args.G}]", "sagc.batch_policy=prompts",
            "sagc.rollouts_per_step=null", f"data.prompts_per_step={args.prompts}",
