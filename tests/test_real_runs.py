@@ -146,3 +146,14 @@ def test_compare_real_runs_recomputes_the_committed_table():
     committed = (RUNS.parent / "sagc_vs_static_table.md").read_text().splitlines()
     for row in rows:
         assert row in committed, row
+
+
+def test_readme_run_with_evals_equals_the_evals_off_run():
+    """The README run of the real config (evals at 0/16/32, docs/results/smollm2/metrics.jsonl)
+    and the evals-off comparison run took the same steps: evals draw nothing from training."""
+    readme = [m for m in _jsonl(RUNS.parent / "metrics.jsonl") if "group_size" in m]
+    off = [m for m in _jsonl(RUNS_PROMPTS / "sagc" / "metrics.jsonl") if "group_size" in m]
+    keys = ("group_size", "rows", "reward_mean", "len_mean", "truncated_frac", "straggler_rate",
+            "sagc_queue", "loss")
+    assert [[m[k] for k in keys] for m in readme] == [[m[k] for k in keys] for m in off]
+    assert any("eval_accuracy" in m for m in _jsonl(RUNS.parent / "metrics.jsonl"))
