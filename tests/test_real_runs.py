@@ -32,13 +32,12 @@ def _jsonl(path: Path) -> list[dict]:
 def replay(run_dir: Path) -> tuple[list[int], list[dict], list[dict]]:
     """(the G the controller chooses at every step, the metrics it returns, the logged rows),
     feeding it each logged step as the trainer does (`observation_from` with timing: model)."""
-    # The runs were written before the issue-32 rewrite: their sagc section is migrated (every
-    # removed key held the value that is now a constant), the rest loads as it is.
-    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
-    sagc = SAGCConfig.from_dict(migrate_legacy_sagc(raw.pop("sagc")))
-    chunk = int(raw["sampling"]["decode_chunk"])
+    # The 16-step runs predate the issue-32 rewrite: load_saved_config migrates their sagc
+    # section (every removed key held the value that is now a constant).
+    cfg = load_saved_config(run_dir / "config.yaml")
+    sagc, chunk = cfg.sagc, cfg.sampling.decode_chunk
     assert sagc.timing == "model"
-    policy = make_policy(sagc, horizon=int(raw["run"]["steps"]))
+    policy = make_policy(sagc, horizon=cfg.run.steps)
     tm = TimeModel.from_sagc(sagc)
     metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if "group_size" in m]
     trace = {t["step"]: t for t in _jsonl(run_dir / "trace.jsonl")}
