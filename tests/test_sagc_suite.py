@@ -65,3 +65,37 @@ def test_suite_core(tmp_path):
         assert f"| {name} | sagc |" in text
     verdict = mod.ablation(res, variants)
     assert verdict["same"]["max_loss"] == pytest.approx(0.0) and not verdict["same"]["keep"]
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_replay_extension_adds_no_informative_group(tmp_path):
+    """benchmarks/replay_extension.py's finding, on the real G = 16 recording: rows added by the
+    replay's rule (reward ~ Bernoulli(k / n)) never make a group informative (but for an
+    all-pass group whose added row truncates), so informative at 16 equals informative at n,
+    below the real 16 rows; and the cut replay it builds replays
+    8 recorded rows per group, the rest by the rule."""
+    import numpy as np
+
+    from sagc_jax.sagc.simulate import load_sim_config
+
+    _suite()  # replay_extension imports it by name
+    ext = _module("replay_extension")
+    rows = [r.split("|")[1:-1] for r in ext.rule_check(reps=5)[2:]]
+    for n, real, plug, jeff, at_n, *_ in rows:
+        assert float(plug) == pytest.approx(float(at_n), abs=1e-9), n
+        assert float(real) > float(jeff) > float(plug)
+    sim = load_sim_config(ext.cut_replay(8, tmp_path), ["seed=0"])
+    for step in range(3):
+        passes = sim.workload.draw(step).rewards > ext.PASS
+        first8, all16 = passes[:, :8], passes[:, :16]
+        # An all-pass group can turn informative only through an added row cut at the cap.
+        keep = ~first8.all(-1)
+        np.testing.assert_array_equal(ext._informative(first8)[keep],
+                                      ext._informative(all16)[keep])
