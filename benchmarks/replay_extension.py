@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import sagc_suite as suite  # noqa: E402
 
+from sagc_jax.sagc.events import tail_share  # noqa: E402
+
 TRACE = ROOT / "configs" / "sim" / "traces" / "smollm2_static16_trace.jsonl"
 FULL = ROOT / "configs" / "sim" / "real" / "smollm2_static16_replay.yaml"
 PASS = 0.5  # the suite's pass threshold (sagc_constants.PASS_THRESHOLD)
@@ -47,11 +49,6 @@ def _records() -> list[dict]:
 
 def _informative(passes: np.ndarray) -> np.ndarray:
     return passes.any(-1) & ~passes.all(-1)
-
-
-def _tail_share(lengths: np.ndarray) -> np.ndarray:
-    mx = lengths.max(-1)
-    return (mx - np.median(lengths, -1)) / mx
 
 
 def rule_check(reps: int = 200, seed: int = 0) -> list[str]:
@@ -83,10 +80,10 @@ def rule_check(reps: int = 200, seed: int = 0) -> list[str]:
             ln = med[:, None] * eps[idx]
             tr = tr_pool[idx] | (ln >= cap)
             ext = np.where(tr, cap, np.maximum(np.ceil(ln), 1.0))
-            acc["tail"].append(_tail_share(np.concatenate([l_n, ext], 1)).mean())
+            acc["tail"].append(tail_share(np.concatenate([l_n, ext], 1)).mean())
         m = {k: float(np.mean(v)) for k, v in acc.items()}
         out.append(f"| {n} | {_informative(passes).mean():.3f} | {m['plug']:.3f} | "
-                   f"{m['jeff']:.3f} | {m['at_n']:.3f} | {_tail_share(lengths).mean():.3f} | "
+                   f"{m['jeff']:.3f} | {m['at_n']:.3f} | {tail_share(lengths).mean():.3f} | "
                    f"{m['tail']:.3f} |")
     return out
 

@@ -12,13 +12,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _suite():
-    spec = importlib.util.spec_from_file_location("sagc_suite", ROOT / "benchmarks" /
-                                                  "sagc_suite.py")
+def _module(name: str):
+    """benchmarks/<name>.py as module ``name`` (the benchmarks import each other by name)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def _suite():
+    return _module("sagc_suite")
 
 
 def test_suite_core(tmp_path):
@@ -65,14 +69,6 @@ def test_suite_core(tmp_path):
         assert f"| {name} | sagc |" in text
     verdict = mod.ablation(res, variants)
     assert verdict["same"]["max_loss"] == pytest.approx(0.0) and not verdict["same"]["keep"]
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_replay_extension_adds_no_informative_group(tmp_path):
