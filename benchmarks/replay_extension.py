@@ -5,15 +5,17 @@
 
 A trace replay (`sagc_jax/sagc/workload.py`, `TraceWorkload`) plays a recorded group's own rows
 and, for rungs above its recorded size n, adds rows by a rule: length = the group's median x a
-residual pooled over all groups, reward ~ Bernoulli(the group's own pass fraction k / n). The
+residual pooled over all groups, reward ~ Bernoulli(p), p drawn from the group's empirical-Bayes
+posterior (the trace's own pass-rate distribution as the prior; until 2026-12-03 the plug-in
+k / n). The
 probe and run replays (`configs/sim/real/`) record 4-8 rows a group, so their G = 16 rung is
 built by that rule. The one recording with 16 real rows a group
 (`configs/sim/traces/smollm2_static16_trace.jsonl`) checks it two ways:
 
 1. **The rule against real rows.** Keep n of each group's 16 rows (a random subset, 200 times),
    extend back to 16 by the rule, and compare the informative fraction (pass counts not all
-   equal) and the tail share with the real 16 rows. Beside the plug-in k / n: the pass rate
-   drawn from Beta(k + 0.5, n - k + 0.5) (Jeffreys), a less confident extension.
+   equal) and the tail share with the real 16 rows. Beside the rule: the plug-in k / n and the
+   pass rate drawn from Beta(k + 0.5, n - k + 0.5) (Jeffreys).
 2. **The suite's verdict with and without the rule.** The same recording cut to its first 8 rows
    a group (a temporary trace under runs/, replayed exactly like the probe replay), against the
    full recording (`smollm2_static16_replay`): SAGC against the known-parameter causal plan and
@@ -37,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sagc_suite as suite  # noqa: E402
 
 from sagc_jax.sagc.events import tail_share  # noqa: E402
+from sagc_jax.sagc.workload import PASS_GRID, pass_rate_posteriors  # noqa: E402
 
 TRACE = ROOT / "configs" / "sim" / "traces" / "smollm2_static16_trace.jsonl"
 FULL = ROOT / "configs" / "sim" / "real" / "smollm2_static16_replay.yaml"
@@ -59,10 +62,11 @@ def rule_check(reps: int = 200, seed: int = 0) -> list[str]:
     lengths = np.array([g["lengths"] for g in groups], np.float64)
     trunc = np.array([g["truncated"] for g in groups], bool)
     rng = np.random.default_rng(seed)
-    out = ["| rows kept n | informative at 16: real | plug-in k/n | Jeffreys | informative at n "
-           "(real) | tail share at 16: real | rule |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| rows kept n | informative at 16: real | plug-in k/n | Jeffreys | empirical Bayes "
+           "(the rule) | informative at n (real) | tail share at 16: real | rule |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n in (4, 8):
-        acc: dict[str, list[float]] = {k: [] for k in ("plug", "jeff", "at_n", "tail")}
+        acc: dict[str, list[float]] = {k: [] for k in ("plug", "jeff", "eb", "at_n", "tail")}
         for _ in range(reps):
             perm = np.argsort(rng.random(passes.shape), axis=1)
             p_n = np.take_along_axis(passes, perm, 1)[:, :n]
@@ -70,7 +74,10 @@ def rule_check(reps: int = 200, seed: int = 0) -> list[str]:
             t_n = np.take_along_axis(trunc, perm, 1)[:, :n]
             k = p_n.sum(1)
             acc["at_n"].append(_informative(p_n).mean())
-            for name, p in (("plug", k / n), ("jeff", rng.beta(k + 0.5, n - k + 0.5))):
+            cdf = pass_rate_posteriors(k, np.full(len(k), n))
+            eb = PASS_GRID[np.minimum((cdf < rng.random((len(k), 1))).sum(1), len(PASS_GRID) - 1)]
+            for name, p in (("plug", k / n), ("jeff", rng.beta(k + 0.5, n - k + 0.5)),
+                            ("eb", eb)):
                 extra = rng.random((len(p_n), 16 - n)) < p[:, None]
                 acc[name].append(_informative(np.concatenate([p_n, extra], 1)).mean())
             # Lengths as TraceWorkload extends them: median x pooled residual, pooled truncation.
@@ -83,7 +90,8 @@ def rule_check(reps: int = 200, seed: int = 0) -> list[str]:
             acc["tail"].append(tail_share(np.concatenate([l_n, ext], 1)).mean())
         m = {k: float(np.mean(v)) for k, v in acc.items()}
         out.append(f"| {n} | {_informative(passes).mean():.3f} | {m['plug']:.3f} | "
-                   f"{m['jeff']:.3f} | {m['at_n']:.3f} | {tail_share(lengths).mean():.3f} | "
+                   f"{m['jeff']:.3f} | {m['eb']:.3f} | {m['at_n']:.3f} | "
+                   f"{tail_share(lengths).mean():.3f} | "
                    f"{m['tail']:.3f} |")
     return out
 
@@ -116,7 +124,7 @@ def verdicts(seeds: int, pop_seeds: int, workers: int) -> list[str]:
            "(cost) | best static | SAGC mean G | SAGC / causal plan | SAGC / best static |",
            "|---|---|---:|---:|---|---:|---:|---:|"]
     for name, src in (("smollm2_static16_replay", "16 recorded rows"),
-                      ("static16_first8", "8 recorded rows + the rule")):
+                      ("static16_first8", "8 recorded rows + the rule (empirical Bayes)")):
         w = res["workloads"][name]["policies"]
         s8, s16, s = w["static-8"], w["static-16"], w["sagc"]
         out.append(f"| {name} | {src} | {s8['benefit_per_s']:.4f} ({s8['cost']:.3f}) | "
