@@ -147,6 +147,33 @@ def test_trace_replay(tmp_path):
         load_sim_config(bad)
 
 
+def test_replay_extension_pass_rates_are_empirical_bayes():
+    """Rows added above a recorded group's size draw p from the group's posterior under the
+    trace's own pass-rate prior: on J-shaped Beta(0.5, 2) pass rates, 8 recorded rows extended
+    to 16 are about as often informative as 16 real rows, which the plug-in k / n is not."""
+    from sagc_jax.sagc.workload import PASS_GRID, pass_rate_posteriors
+
+    rng = np.random.default_rng(0)
+    p = rng.beta(0.5, 2.0, 2000)
+    rows = rng.random((2000, 16)) < p[:, None]
+    informative = lambda r: float((r.any(1) & ~r.all(1)).mean())  # noqa: E731
+    k = rows[:, :8].sum(1)
+    cdf = pass_rate_posteriors(k, np.full(len(k), 8))
+    assert cdf.shape == (2000, len(PASS_GRID)) and np.allclose(cdf[:, -1], 1.0)
+    assert np.all(np.diff(cdf, axis=1) >= -1e-12)
+    draw = PASS_GRID[np.minimum((cdf < rng.random((len(k), 1))).sum(1), len(PASS_GRID) - 1)]
+    eb = np.concatenate([rows[:, :8], rng.random((2000, 8)) < draw[:, None]], 1)
+    plug = np.concatenate([rows[:, :8], rng.random((2000, 8)) < (k / 8)[:, None]], 1)
+    real = informative(rows)
+    assert abs(informative(eb) - real) < 0.03 < real - informative(plug)
+    # a 0-of-8 group keeps some chance of a pass; more passes, a larger posterior mean
+    means = 1.0 - (cdf[:, :-1] * np.diff(PASS_GRID)).sum(1)
+    assert means[k == 0].min() > 0.01
+    assert np.all(np.diff([means[k == j].mean() for j in range(9) if (k == j).any()]) > 0)
+    # a population that never passes: the posterior sits at p = 0
+    assert pass_rate_posteriors(np.zeros(5, int), np.full(5, 8))[:, 0].min() > 0.99
+
+
 def test_time_ordered_trace_replay_keeps_the_runs_drift(tmp_path):
     # Steps 1-4 of a run: short completions in the first two, long ones in the last two.
     lines = []
