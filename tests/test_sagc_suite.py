@@ -77,23 +77,22 @@ def test_replay_extension_rule_check(tmp_path):
     at n; the replay's rule (empirical Bayes) reads it above the plug-in, and above Jeffreys
     from 8 rows; and the cut replay it builds (8 recorded rows a group, the rest by the rule)
     turns some one-sided groups informative, which the plug-in could not."""
-    import numpy as np
-
     from sagc_jax.sagc.simulate import load_sim_config
 
     _suite()  # replay_extension imports it by name
     ext = _module("replay_extension")
     rows = [r.split("|")[1:-1] for r in ext.rule_check(reps=20)[2:]]
     assert [int(r[0]) for r in rows] == [4, 8]
-    for n, real, plug, jeff, eb, at_n, *_ in rows:
-        assert float(plug) == pytest.approx(float(at_n), abs=1e-9), n
-        assert float(real) > float(eb) > float(plug) and float(jeff) > float(plug), n
-    assert float(rows[1][4]) > float(rows[1][3])  # at n = 8, the rule above Jeffreys
+    fig = {int(n): [float(x) for x in (real, plug, jeff, eb, at_n)]
+           for n, real, plug, jeff, eb, at_n, *_ in rows}
+    for n, (real, plug, jeff, eb, at_n) in fig.items():
+        assert plug == pytest.approx(at_n, abs=1e-9), n
+        assert real > eb > plug and jeff > plug, n
+    assert fig[8][3] > fig[8][2]  # from 8 rows, the rule above Jeffreys
     sim = load_sim_config(ext.cut_replay(8, tmp_path), ["seed=0"])
     gained = 0
     for step in range(3):
         passes = sim.workload.draw(step).rewards > ext.PASS
         inf8, inf16 = ext._informative(passes[:, :8]), ext._informative(passes[:, :16])
-        assert np.all(inf16[inf8])  # adding rows never makes an informative group one-sided
         gained += int((inf16 & ~inf8).sum())
     assert gained > 0
