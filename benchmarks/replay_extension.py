@@ -63,10 +63,12 @@ def rule_check(reps: int = 200, seed: int = 0) -> list[str]:
     trunc = np.array([g["truncated"] for g in groups], bool)
     rng = np.random.default_rng(seed)
     out = ["| rows kept n | informative at 16: real | plug-in k/n | Jeffreys | empirical Bayes "
-           "(the rule) | informative at n (real) | tail share at 16: real | rule |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "(the rule) | informative at n (real) | tail share at 16: real | rule | group median at "
+           "16: real | rule |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n in (4, 8):
-        acc: dict[str, list[float]] = {k: [] for k in ("plug", "jeff", "eb", "at_n", "tail")}
+        acc: dict[str, list[float]] = {k: [] for k in ("plug", "jeff", "eb", "at_n", "tail",
+                                                       "median")}
         for _ in range(reps):
             perm = np.argsort(rng.random(passes.shape), axis=1)
             p_n = np.take_along_axis(passes, perm, 1)[:, :n]
@@ -88,11 +90,12 @@ def rule_check(reps: int = 200, seed: int = 0) -> list[str]:
             tr = tr_pool[idx] | (ln >= cap)
             ext = np.where(tr, cap, np.maximum(np.ceil(ln), 1.0))
             acc["tail"].append(tail_share(np.concatenate([l_n, ext], 1)).mean())
+            acc["median"].append(np.median(np.concatenate([l_n, ext], 1), 1).mean())
         m = {k: float(np.mean(v)) for k, v in acc.items()}
         out.append(f"| {n} | {_informative(passes).mean():.3f} | {m['plug']:.3f} | "
                    f"{m['jeff']:.3f} | {m['eb']:.3f} | {m['at_n']:.3f} | "
                    f"{tail_share(lengths).mean():.3f} | "
-                   f"{m['tail']:.3f} |")
+                   f"{m['tail']:.3f} | {np.median(lengths, 1).mean():.1f} | {m['median']:.1f} |")
     return out
 
 
