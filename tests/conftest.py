@@ -1,12 +1,15 @@
-"""Shared test setup: 4 fake CPU devices and a persistent compilation cache.
+"""Shared test setup: 4 fake CPU devices, -O0 code generation (`xla_env.py`) and a persistent
+compilation cache.
 
-Both must be set before jax is imported anywhere, which is why they live here.
+All must be set before jax is imported anywhere, which is why they live here.
 """
 
 import os
 import pathlib
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+from xla_env import OPT_FLAGS
+
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=4 {OPT_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))

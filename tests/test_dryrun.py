@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from xla_env import OPT_FLAGS
 
 from sagc_jax.config import load_config
 from sagc_jax.dryrun import DryRunError, dry_run, format_report, main
@@ -255,8 +256,8 @@ def test_tpu_pod_script_builds_the_remote_command(tmp_path):
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_local_sh_dry_run():
-    env = {**os.environ, "SAGC_JAX": f"{sys.executable} -m sagc_jax.dryrun"}
-    env.pop("XLA_FLAGS", None)
+    # local.sh sets the device count itself; the tests' -O0 stays (tests/xla_env.py).
+    env = {**os.environ, "SAGC_JAX": f"{sys.executable} -m sagc_jax.dryrun", "XLA_FLAGS": OPT_FLAGS}
     # `-c ''`: the dry-run module takes no sub-command; local.sh passes the config through.
     r = subprocess.run(["bash", str(ROOT / "launch/local.sh"), "-n", "2", "-c", "--json",
                         "configs/tiny_cpu.yaml"], env=env, capture_output=True, text=True,

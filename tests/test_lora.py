@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 from hf_fixtures import hf_logits, load_hf, tiny_hf_dir  # noqa: F401  (session fixture)
+from xla_env import xla_flags
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, config_from_dict
@@ -175,7 +176,7 @@ def _cli(run_dir: Path) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    return {**os.environ, "XLA_FLAGS": xla_flags(1),
             "PYTHONUNBUFFERED": "1"}
 
 

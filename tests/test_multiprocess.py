@@ -22,6 +22,7 @@ from typing import IO
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from xla_env import xla_flags
 
 from sagc_jax.metrics import read_jsonl
 
@@ -58,7 +59,7 @@ def _env(devices: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("JAX_COMPILATION", "JAX_COORDINATOR", "JAX_NUM_PROCESSES",
                                 "JAX_PROCESS_ID"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices),
                PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     return env
 

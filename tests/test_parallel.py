@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
+from xla_env import xla_flags
 
 from sagc_jax.config import DistributedConfig, MeshConfig
 from sagc_jax.parallel import (
@@ -188,7 +189,7 @@ def test_two_local_processes_gloo(tmp_path):
     procs = []
     for pid in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION")}
-        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(2),
                    JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                    JAX_PROCESS_ID=str(pid), PYTHONPATH=str(ROOT))
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT,

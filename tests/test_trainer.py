@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from xla_env import xla_flags
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
@@ -40,7 +41,7 @@ def _cli(run_dir: Path, *extra: str) -> list[str]:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["XLA_FLAGS"] = xla_flags(1)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
