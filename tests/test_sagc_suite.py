@@ -96,3 +96,26 @@ def test_replay_extension_rule_check(tmp_path):
         inf8, inf16 = ext._informative(passes[:, :8]), ext._informative(passes[:, :16])
         gained += int((inf16 & ~inf8).sum())
     assert gained > 0
+
+
+def test_prompt_order_replays_the_same_records_in_another_order(tmp_path):
+    """benchmarks/prompt_order.py: a shuffled order replays exactly the recording's groups,
+    renumbered, in an order that differs from the recorded one and depends on the seed."""
+    import json
+
+    from sagc_jax.sagc.simulate import load_sim_config
+
+    _suite()  # prompt_order imports it by name
+    mod = _module("prompt_order")
+    recs = [json.loads(x) for x in mod.TRACE.read_text().splitlines() if x.strip()]
+    orders = []
+    for s in (1, 2):
+        path = mod.shuffled_replay(s, tmp_path)
+        got = [json.loads(x) for x in (tmp_path / f"order{s}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in got] == list(range(1, len(recs) + 1))
+        key = lambda r: json.dumps(r["groups"], sort_keys=True)  # noqa: E731
+        assert sorted(map(key, got)) == sorted(map(key, recs))
+        orders.append([key(r) for r in got])
+        sim = load_sim_config(path, ["seed=0"])
+        assert sim.workload.steps == 300 and len(sim.workload.groups) == len(recs)
+    assert orders[0] != [key(r) for r in recs] and orders[0] != orders[1]
