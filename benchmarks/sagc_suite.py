@@ -183,6 +183,14 @@ def _ratio(num: list[tuple], den: list[tuple]) -> tuple[float, float]:
     return float(pooled) if ok.all() else float("nan"), float(per.mean())
 
 
+def _ratio_se(num: list[tuple], den: list[tuple]) -> float:
+    """Standard error of the mean of per-seed benefit/s ratios (NaN below 2 finite seeds)."""
+    a, b = np.array(num, np.float64), np.array(den, np.float64)
+    r = (a[:, 0] / a[:, 1]) / (b[:, 0] / b[:, 1]) if len(b) else np.zeros(0)
+    r = r[np.isfinite(r)]
+    return float(r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else float("nan")
+
+
 def aggregate(wl: dict, statics: list[dict], pops: list[dict], sagc: dict[str, list],
               variant_seeds: int) -> dict:
     """One workload's figures. statics: the static jobs per seed (in seed order); pops: the
@@ -216,6 +224,7 @@ def aggregate(wl: dict, statics: list[dict], pops: list[dict], sagc: dict[str, l
             (p["benefit_per_s"] / pooled[best]["benefit_per_s"],
              _ratio(rows, best_seed[:k])[1]) if best else (float("nan"),) * 2)
         p["vs_plan_causal"] = _ratio(rows, per["plan-causal"][:k])
+        p["vs_plan_causal_se"] = _ratio_se(rows, per["plan-causal"][:k])
         p["vs_oracle"] = _ratio(rows, per["oracle"][:k])
         if name != "sagc" and k == variant_seeds and name in sagc:
             p["vs_sagc"] = _ratio(rows, per["sagc"][:k])
@@ -239,6 +248,11 @@ def _pair(r: tuple[float, float], nd: int = 3) -> str:
     return f"{_f(r[0], nd)} ({_f(r[1], nd)})" if np.isfinite(r[0]) else "n/a"
 
 
+def _pair_se(r: tuple[float, float], se: float) -> str:
+    """`pooled (mean of per-seed ± its standard error)`, 4 decimals."""
+    return f"{_f(r[0], 4)} ({_f(r[1], 4)} ± {_f(se, 4)})"
+
+
 def targets(w: dict) -> dict[str, bool | None]:
     """SAGC against the issue's targets (None: the target does not apply)."""
     s, plan = w["policies"]["sagc"], w["policies"]["plan-causal"]
@@ -260,7 +274,8 @@ def table_md(res: dict, meta: dict) -> str:
         f"0–{meta['seeds'] - 1}, known-parameter plans from {meta['pop_seeds']} independent "
         f"seeds; {meta['wall_s'] / 60:.1f} min wall, {meta['cpu_s'] / 60:.1f} CPU-min computed "
         f"(the rest cached), load average {meta['load'][0]:.1f} → {meta['load'][1]:.1f}. Ratios: "
-        "pooled (mean of per-seed ratios). Targets (SAGC): budget = mean cost ≤ δ + 0.01; "
+        "pooled (mean of per-seed ratios; ± its standard error over seeds). Targets (SAGC): "
+        "budget = mean cost ≤ δ + 0.01; "
         f"plan = ≥ {CAUSAL_TARGET}x the known-parameter causal plan; static = ≥ {STATIC_TARGET}x "
         f"the best in-budget static where that plan reaches {STATIC_TARGET}x it (— : it does "
         "not).",
@@ -276,7 +291,8 @@ def table_md(res: dict, meta: dict) -> str:
         out.append(
             f"| {name} | {w['straggler']}, {w['delta']:g} | {w['best_static'] or 'none'} | "
             f"{s['benefit_per_s']:.4f} | {s['cost']:.3f} | {_pair(s['vs_best_static'])} | "
-            f"{_f(plan['vs_best_static'][0])} | {_pair(s['vs_plan_causal'], 4)} | "
+            f"{_f(plan['vs_best_static'][0])} | "
+            f"{_pair_se(s['vs_plan_causal'], s['vs_plan_causal_se'])} | "
             f"{_pair(s['vs_oracle'])} | {s['mean_g']:.2f} | {_mark(tg['budget'])} | "
             f"{_mark(tg['causal'])} | {_mark(tg['static'])} |")
     n = {k: [targets(w)[k] for w in wls.values()] for k in ("budget", "causal", "static")}
