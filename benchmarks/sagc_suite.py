@@ -228,8 +228,7 @@ def aggregate(wl: dict, statics: list[dict], pops: list[dict], sagc: dict[str, l
         p["vs_oracle"] = _ratio(rows, per["oracle"][:k])
         if name != "sagc" and k == variant_seeds and name in sagc:
             p["vs_sagc"] = _ratio(rows, per["sagc"][:k])
-            r = np.array([(a[0] / a[1]) / (b[0] / b[1]) for a, b in zip(rows, per["sagc"])])
-            p["vs_sagc_se"] = float(r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else np.nan
+            p["vs_sagc_se"] = _ratio_se(rows, per["sagc"][:k])
     return {"group": wl["group"], "delta": delta, "tol": tol, "straggler": wl["straggler"],
             "sizes": list(sizes), "seeds": n_seeds, "pop_seeds": len(pops), "best_static": best,
             "policies": pooled}

@@ -9,14 +9,14 @@ so everything the tests assert is unchanged; only the machine code is less optim
 from __future__ import annotations
 
 import os
-import re
+
+from sagc_jax.fakepod import fake_device_env  # imports no jax
 
 OPT_FLAGS = "--xla_backend_optimization_level=0"
-_COUNT = "--xla_force_host_platform_device_count"
 
 
 def xla_flags(devices: int) -> str:
     """`XLA_FLAGS` for a child process with `devices` fake CPU devices: the parent's flags
     (the test defaults included) with the device count replaced."""
-    flags = re.sub(rf"{_COUNT}=\S*", "", os.environ.get("XLA_FLAGS", OPT_FLAGS)).split()
-    return " ".join([*flags, f"{_COUNT}={devices}"])
+    flags = os.environ.get("XLA_FLAGS", OPT_FLAGS)
+    return fake_device_env(devices, {"XLA_FLAGS": flags})["XLA_FLAGS"]
