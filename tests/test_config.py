@@ -386,3 +386,15 @@ def test_sagc_horizon_is_the_run_length() -> None:
     # No longer a key: one line saying who passes it now.
     with pytest.raises(ConfigError, match=r"^sagc\.horizon: removed .*passed by the trainer"):
         load_config(None, ["sagc.horizon=500"])
+
+
+def test_sampling_weights_dtype_reaches_the_rollout_sampler() -> None:
+    from sagc_jax.sampling import SamplingConfig
+    from sagc_jax.shapes import ShapePlan
+
+    cfg = load_config(TINY, ["sampling.weights_dtype=bfloat16"])
+    plan = ShapePlan.from_config(cfg)
+    assert SamplingConfig.from_plan(plan, cfg.sampling).weights_dtype == "bfloat16"
+    assert SamplingConfig.for_eval(plan, cfg.sampling).weights_dtype is None  # evals: model.dtype
+    assert SamplingConfig.from_plan(plan, load_config(TINY).sampling).weights_dtype is None
+    assert _err(["sampling.weights_dtype=float16"]).startswith("sampling.weights_dtype: ")

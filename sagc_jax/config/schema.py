@@ -265,6 +265,14 @@ class SamplingSection(Section):
     prompt_too_long: Literal["error", "truncate"] = field(
         "error", "What to do with a prompt longer than the largest bucket."
     )
+    weights_dtype: Literal["float32", "bfloat16"] | None = field(
+        None,
+        "Dtype of the weight matrices the rollout decode loop reads; null = model.dtype. "
+        "bfloat16 under a float32 model halves decode's weight read (matmuls take bf16 inputs "
+        "and accumulate in float32; activations, KV cache and prefill stay in model.dtype): "
+        "rollouts then come from the bf16-rounded policy, while the loss is computed in "
+        "model.dtype. Held-out evals keep model.dtype.",
+    )
 
     @model_validator(mode="after")
     def _buckets(self) -> SamplingSection:

@@ -55,16 +55,22 @@ class DecodeWeights(NamedTuple):
     head: jax.Array  # [H, V]
 
 
-def decode_weights(model: Transformer) -> DecodeWeights:
+def decode_weights(model: Transformer, weights_dtype: str | None = None) -> DecodeWeights:
+    """The decode loop's weights. `weights_dtype` (None = `cfg.dtype`) is the dtype of the
+    matrices it reads (layer kernels, LM head); norms, biases and the embedding gather stay in
+    `cfg.dtype`. A bfloat16 copy under a float32 model halves the bytes a decode step reads;
+    `lora.matmul` then rounds activations to bf16 at each matmul and accumulates in float32."""
     cfg = model.cfg
     dt = jnp.dtype(cfg.dtype)
+    wdt = jnp.dtype(weights_dtype or dt)
     # LoRA adapters are merged here, once per call, so the token loop reads plain weights.
     stacked = merge_lora(nnx.to_pure_dict(nnx.state(model.layers)), lora_scale(cfg))
-    stacked = {k: v.astype(dt) for k, v in stacked.items()}
+    # Stacked kernels are [L, in, out]; norms and biases [L, n].
+    stacked = {k: v.astype(wdt if v.ndim == 3 else dt) for k, v in stacked.items()}
     layers = tuple({k: v[i] for k, v in stacked.items()} for i in range(cfg.num_layers))
     embed = model.embed[...]
     head = embed.T if cfg.tie_word_embeddings else model.lm_head[...]
-    return DecodeWeights(embed, layers, model.final_norm[...], head.astype(dt))
+    return DecodeWeights(embed, layers, model.final_norm[...], head.astype(wdt))
 
 
 def prefix_from_prefill(k: jax.Array, v: jax.Array) -> PrefixKV:
@@ -158,5 +164,5 @@ def decode_step(cfg: ModelConfig, w: DecodeWeights, tokens: jax.Array, positions
                                 t, group)
         x = block_tail(cfg, p, x, attn)
     x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
-    logits = jnp.dot(x, w.head, preferred_element_type=jnp.float32)
+    logits = jnp.dot(x.astype(w.head.dtype), w.head, preferred_element_type=jnp.float32)
     return logits, GenKV(tuple(gk), tuple(gv))

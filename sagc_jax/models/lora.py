@@ -64,10 +64,23 @@ def add_lora(layers: nnx.Module, targets: Iterable[str], rank: int, rngs: nnx.Rn
         setattr(layers, t + B_SUFFIX, nnx.LoRAParam(jnp.zeros((L, rank, d_out), jnp.float32)))
 
 
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., in] @ w [in, out] -> [..., out] in x's dtype.
+
+    A w narrower than x (the sampler's bfloat16 weight copy under a float32 model,
+    `sampling.weights_dtype`) takes x rounded to w's dtype and accumulates in x's: XLA:CPU then
+    runs a bf16 x bf16 -> f32 dot that reads half the weight bytes, where promoting w would
+    convert it back to float32 on every decode step.
+    """
+    if w.dtype == x.dtype:
+        return x @ w
+    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=x.dtype)
+
+
 def dense(x: jax.Array, p: Mapping[str, jax.Array], name: str, scale: float) -> jax.Array:
     """x [..., in] @ weight `name` of one layer's params `p`, plus its adapter when `p` has one:
     x @ W + scale * (x @ A) @ B -> [..., out]."""
-    y = x @ p[name]
+    y = matmul(x, p[name])
     a = p.get(name + A_SUFFIX)
     if a is None:
         return y

@@ -482,7 +482,8 @@ class Sampler:
         """
         c = self.config
         model = self._merge(pure)
-        weights = decode_weights(model)  # per-layer split once per call, outside the loop
+        # Per-layer split (and any weights_dtype cast) once per call, outside the loop.
+        weights = decode_weights(model, c.weights_dtype)
         rows = lens.shape[0] * g
         group = g if c.prefix_sharing else 1
         nbuf = c.out_buffer
