@@ -11,7 +11,10 @@ prompts x G, temperature 1, every row run to the cap (EOS off in both, so both d
 work), interleaved A B A B; s per call and generated tok/s, best run each. Our decode step is
 set against this machine's roofline for the model at that row count: weight + KV-cache bytes
 read per step / measured read bandwidth + matmul FLOPs per step / measured f32 matmul rate
-(both measured in this run, at the decode step's own shapes).
+with the weights in cache (both measured in this run, at the decode step's own shapes).
+`--dtypes float32 bfloat16 f32-bf16w` adds a bf16 pair (params and compute in bf16 on both
+sides) and ours in float32 reading bfloat16 weight copies (`sampling.weights_dtype`), and
+compares each side at its fastest.
 
 grpo: whole GRPO steps (rollout + rewards + update) of our trainer (`sagc-jax train` on
 configs/smollm2-135m_rg_cpu.yaml, static G, no eval / checkpoints) vs TRL's `GRPOTrainer`
@@ -82,33 +85,58 @@ STYLE = "rg-default"
 
 
 # ------------------------------------------------------------------------------ machine rates
-def machine_rates(rows: int, hidden: int, inter: int) -> tuple[float, float]:
-    """(read bytes/s of a jitted sum over 256 MB, f32 FLOP/s of a [rows, H] x [H, I] matmul
-    chain as in a decode step), best of 5 each."""
+def machine_rates(rows: int, hidden: int, inter: int, dtype: str = "float32",
+                  streamed: bool = False) -> tuple[float, float]:
+    """(read bytes/s of a jitted sum over 256 MB, FLOP/s of a `dtype` [rows, H] x [H, I]
+    matmul chain of 30 layers as in a decode step), best of 5 each.
+
+    The roofline adds bytes / bandwidth to FLOPs / rate, so its rate is measured with the
+    weights in cache (two [H, I] weights, cycled): a rate measured while streaming the weights
+    from memory (`streamed`: 30 distinct weights) already contains their read, which the
+    roofline would then count twice. Weights are arguments, as the decode step gets its params
+    (`decode_weights`): a closure constant can be re-laid out or cast at compile time.
+    """
     import jax
     import jax.numpy as jnp
 
     x = jnp.ones((64 << 20,), jnp.float32)
-    a = jnp.ones((rows, hidden), jnp.float32) * 1e-3
-    w1 = jnp.ones((30, hidden, inter), jnp.float32) * 1e-3  # 30 layers: weights not in cache
+    a = jnp.ones((rows, hidden), dtype) * 1e-3
+    ws = [jnp.full((hidden, inter), 1e-3, dtype) for _ in range(30 if streamed else 2)]
 
     @jax.jit
-    def chain(a: jax.Array) -> jax.Array:
-        for i in range(w1.shape[0]):
-            a = a + (a @ w1[i]).sum(-1, keepdims=True) * 1e-9
+    def chain(a: jax.Array, ws: list[jax.Array]) -> jax.Array:
+        for i in range(30):
+            a = a + (a @ ws[i % len(ws)]).sum(-1, keepdims=True) * 1e-9
         return a
 
     out = []
-    for f, arg, work in ((jax.jit(jnp.sum), x, x.nbytes),
-                         (chain, a, 2 * rows * hidden * inter * w1.shape[0])):
-        jax.block_until_ready(f(arg))
+    for f, args, work in ((jax.jit(jnp.sum), (x,), x.nbytes),
+                          (chain, (a, ws), 2 * rows * hidden * inter * 30)):
+        jax.block_until_ready(f(*args))
         times = []
         for _ in range(5):
             t = time.perf_counter()
-            jax.block_until_ready(f(arg))
+            jax.block_until_ready(f(*args))
             times.append(time.perf_counter() - t)
         out.append(work / min(times))
     return out[0], out[1]
+
+
+def torch_rate(rows: int, hidden: int, inter: int, dtype: str) -> float:
+    """torch's FLOP/s for `machine_rates`' streamed matmul chain (30 distinct weights), best
+    of 5."""
+    import torch
+
+    a = torch.full((rows, hidden), 1e-3, dtype=getattr(torch, dtype))
+    w1 = torch.full((30, hidden, inter), 1e-3, dtype=a.dtype)
+    times = []
+    with torch.no_grad():
+        for _ in range(6):
+            t, x = time.perf_counter(), a
+            for i in range(w1.shape[0]):
+                x = x + (x @ w1[i]).sum(-1, keepdim=True) * 1e-9
+            times.append(time.perf_counter() - t)
+    return 2 * rows * hidden * inter * w1.shape[0] / min(times[1:])
 
 
 def bench_rates(args: argparse.Namespace) -> list[str]:
@@ -133,8 +161,22 @@ def bench_rates(args: argparse.Namespace) -> list[str]:
     out.append(f"| f32 matmul {n}^3 | {2 * n ** 3 / t / 1e9:.0f} GFLOP/s | {load()} |")
     for rows in (16, 32, 64, 128):
         _, rate = machine_rates(rows, 576, 1536)
-        out.append(f"| f32 matmul [{rows}, 576] x [576, 1536] x 30 | {rate / 1e9:.0f} GFLOP/s "
-                   f"| {load()} |")
+        out.append(f"| f32 matmul [{rows}, 576] x [576, 1536] x 30, in cache (roofline) | "
+                   f"{rate / 1e9:.0f} GFLOP/s | {load()} |")
+    _, rate = machine_rates(16, 576, 1536, streamed=True)
+    out.append(f"| f32 matmul [16, 576] x [576, 1536] x 30, weights streamed (106 MB) | "
+               f"{rate / 1e9:.0f} GFLOP/s | {load()} |")
+    # bf16 at the decode shape, XLA:CPU against torch (oneDNN; AMX where the CPU has it): why
+    # `generate` gains from bf16 on such a CPU and our sampler does not.
+    _, rate = machine_rates(16, 576, 1536, "bfloat16", streamed=True)
+    out.append(f"| bf16 matmul [16, 576] x [576, 1536] x 30, streamed (XLA) | "
+               f"{rate / 1e9:.0f} GFLOP/s | {load()} |")
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    for dt, name in (("float32", "f32"), ("bfloat16", "bf16")):
+        out.append(f"| {name} matmul [16, 576] x [576, 1536] x 30, streamed (torch) | "
+                   f"{torch_rate(16, 576, 1536, dt) / 1e9:.0f} GFLOP/s | {load()} |")
     x = jnp.ones((64 << 20,), jnp.float32)
     t = best(jax.jit(jnp.sum), x)
     out.append(f"| read (sum of 256 MB) | {x.nbytes / t / 1e9:.1f} GB/s | {load()} |")
@@ -146,32 +188,53 @@ def bench_rates(args: argparse.Namespace) -> list[str]:
 
 
 def roofline_s(cfg: Any, prompts: int, rows: int, lp: int, new: int, bw: float,
-               rate: float) -> tuple[float, dict[str, float]]:
+               rate: float, weight_b: int = 4, cache_b: int = 4) -> tuple[float, dict[str, float]]:
     """Seconds per decode step at the measured rates: every weight but the embedding gather
-    (the tied head is read whole), our cache as stored (prompt K/V once per prompt, a
-    generated buffer per row, read whole each step); matmul + attention FLOPs."""
+    (the tied head is read whole) at `weight_b` bytes each, our cache as stored (prompt K/V
+    once per prompt, a generated buffer per row, read whole each step) at `cache_b` bytes a
+    value; matmul + attention FLOPs."""
     h, v, L = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
     qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     dense = L * (h * (2 * qd + 2 * kvd) + 3 * h * cfg.intermediate_size) + h * v
-    weight_bytes = 4 * (dense + L * 2 * h + h)
-    cache_bytes = 2 * L * kvd * 4 * (prompts * lp + rows * new)
+    weight_bytes = weight_b * dense + 4 * (L * 2 * h + h)
+    cache_bytes = 2 * L * kvd * cache_b * (prompts * lp + rows * new)
     flops = 2 * rows * dense + 4 * rows * L * qd * (lp + new)
     s = weight_bytes / bw + cache_bytes / bw + flops / rate
-    return s, dict(weight_MB=weight_bytes / 1e6, cache_MB=cache_bytes / 1e6, GFLOP=flops / 1e9)
+    return s, dict(weight_MB=weight_bytes / 1e6, cache_MB=cache_bytes / 1e6, GFLOP=flops / 1e9,
+                   dense_GFLOP=2 * rows * dense / 1e9)
+
+
+def streamed_floor_s(cfg: Any, prompts: int, rows: int, lp: int, new: int, bw: float,
+                     torch_threads: int) -> tuple[float, float]:
+    """(seconds, FLOP/s): a decode step whose dense matmuls ran at the fastest rate XLA or torch
+    reaches on a decode-shaped chain with its weights streamed from memory (f32 or bf16; the
+    read is inside that rate), plus a bf16 KV cache read at `bw`. What any sampler built on
+    either library's matmul could reach at this shape."""
+    import torch
+
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    torch.set_num_threads(torch_threads)
+    rate = max(machine_rates(rows, h, i, "float32", streamed=True)[1],
+               machine_rates(rows, h, i, "bfloat16", streamed=True)[1],
+               torch_rate(rows, h, i, "float32"), torch_rate(rows, h, i, "bfloat16"))
+    _, parts = roofline_s(cfg, prompts, rows, lp, new, bw, rate, 2, 2)
+    return parts["dense_GFLOP"] * 1e9 / rate + parts["cache_MB"] * 1e6 / bw, rate
 
 
 # ------------------------------------------------------------------------------ sampling
 class Ours:
-    name = "ours"
-
-    def __init__(self, prompts: list[list[int]], g: int, new: int, bucket: int):
+    def __init__(self, prompts: list[list[int]], g: int, new: int, bucket: int,
+                 dtype: str = "float32", weights_dtype: str | None = None):
         import jax
 
         from sagc_jax.sampling import Sampler, SamplingConfig
 
-        self.model, self.cfg = load_ours()
+        self.dtype, self.weights_dtype = dtype, weights_dtype
+        self.name = f"ours {dtype}" + (f", {weights_dtype} weights" if weights_dtype else "")
+        self.model, self.cfg = load_ours(dtype)
         cfg = SamplingConfig(group_sizes=(g,), prompts_per_step=len(prompts),
-                             prompt_buckets=(bucket,), max_new_tokens=new, decode_chunk=16)
+                             prompt_buckets=(bucket,), max_new_tokens=new, decode_chunk=16,
+                             weights_dtype=weights_dtype)
         self.s = Sampler(self.model, cfg, pad_id=0, eos_ids=())  # no EOS: rows run `new`
         self.prompts, self.g, self.new, self.calls = prompts, g, new, 0
         self.decode_step_s: list[float] = []
@@ -194,14 +257,15 @@ class Ours:
 
 
 class HF:
-    name = "transformers"
-
-    def __init__(self, prompts: list[list[int]], g: int, new: int):
+    def __init__(self, prompts: list[list[int]], g: int, new: int, dtype: str = "float32"):
         import torch
         from transformers import AutoModelForCausalLM
 
+        self.name, self.dtype = f"transformers {dtype}", dtype
+        # Dequantised to f32 by transformers' GGUF loader, then cast (as `.to(bfloat16)` would).
         self.hf = AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(GGUF), gguf_file=os.path.basename(GGUF), dtype=torch.float32).eval()
+            os.path.dirname(GGUF), gguf_file=os.path.basename(GGUF), dtype=torch.float32)
+        self.hf = self.hf.to(getattr(torch, dtype)).eval()
         rows = [p for p in prompts for _ in range(g)]
         width = max(map(len, rows))
         self.ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -233,11 +297,11 @@ class HF:
         return wall
 
 
-def load_ours() -> tuple[Any, Any]:
-    """Our model from the GGUF (main's loader)."""
+def load_ours(dtype: str = "float32") -> tuple[Any, Any]:
+    """Our model from the GGUF (main's loader), params and compute in `dtype`."""
     from sagc_jax.models import from_pretrained
 
-    return from_pretrained(GGUF)
+    return from_pretrained(GGUF, dtype=dtype, param_dtype=dtype)
 
 
 def chat_ids(prompts: list[dict[str, Any]]) -> list[list[int]]:
@@ -250,6 +314,13 @@ def chat_ids(prompts: list[dict[str, Any]]) -> list[list[int]]:
 
 
 def bench_sampling(args: argparse.Namespace) -> list[str]:
+    """Ours vs `generate` at each of `args.dtypes` (params and compute in that dtype on both
+    sides; `f32-bf16w` is ours only: float32 compute reading bfloat16 weight copies,
+    `sampling.weights_dtype`), all runners interleaved; one line per runner of ours against
+    `generate` at the same compute dtype, then each side at its fastest. Rooflines: f32 for
+    float32; bf16 weights (2 bytes, bf16 matmul rate) for f32-bf16w. The ceiling against
+    `generate`'s fastest is a sampler at `streamed_floor_s`: the best streamed matmul rate
+    either library reaches at the decode shape, and a bf16 KV cache."""
     import torch
 
     torch.set_num_threads(args.torch_threads)
@@ -257,38 +328,68 @@ def bench_sampling(args: argparse.Namespace) -> list[str]:
     lp = max(map(len, ids))
     bucket = -(-lp // 32) * 32
     rows = args.prompts * args.G
-    runners = [Ours(ids, args.G, args.cap, bucket), HF(ids, args.G, args.cap)]
+    ours: list[Ours] = []
+    hfs: list[HF] = []
+    for dt in args.dtypes:
+        if dt == "f32-bf16w":
+            ours.append(Ours(ids, args.G, args.cap, bucket, "float32", "bfloat16"))
+        else:
+            ours.append(Ours(ids, args.G, args.cap, bucket, dt))
+            hfs.append(HF(ids, args.G, args.cap, dt))
+    runners: list[Any] = [*ours, *hfs]
     for r in runners:
         t = time.perf_counter()
         r.warm()
-        print(f"# sampling {r.name}: warm-up {time.perf_counter() - t:.1f}s ({load()})",
-              flush=True)
+        print(f"# sampling {r.name}: warm-up {time.perf_counter() - t:.1f}s ({load()})", flush=True)
     walls: dict[str, list[float]] = {r.name: [] for r in runners}
-    for i in range(args.repeats):
+    for i in range(args.repeats):  # interleaved
         for r in runners:
             w = r.run()
             walls[r.name].append(w)
-            print(f"  {r.name:12s} run {i}: {w:7.1f} s/call, {rows * args.cap / w:6.0f} tok/s "
+            print(f"  {r.name:30s} run {i}: {w:7.1f} s/call, {rows * args.cap / w:6.0f} tok/s "
                   f"({load()})", flush=True)
     best = {k: min(v) for k, v in walls.items()}
-    ours = runners[0]
-    bw, rate = machine_rates(rows, ours.cfg.hidden_size, ours.cfg.intermediate_size)
-    rs, parts = roofline_s(ours.cfg, args.prompts, rows, bucket, args.cap, bw, rate)
-    step = min(ours.decode_step_s)
-    ceiling = best["transformers"] / (min(ours.prefill_s) + args.cap * rs)
-    head = ("| prompts x G | cap | ours s/call | HF s/call | ours tok/s | HF tok/s | ours/HF "
-            "| ours decode ms/step | roofline ms/step | step/roofline | ours/HF at the "
-            "roofline (ceiling) | load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-            "---:|---|")
-    line = (f"| {args.prompts} x {args.G} | {args.cap} | {best['ours']:.1f} | "
-            f"{best['transformers']:.1f} | {rows * args.cap / best['ours']:.0f} | "
-            f"{rows * args.cap / best['transformers']:.0f} | "
-            f"{best['transformers'] / best['ours']:.2f} | {step * 1e3:.0f} | {rs * 1e3:.0f} "
-            f"({bw / 1e9:.1f} GB/s, {rate / 1e9:.0f} GFLOP/s; {parts['weight_MB']:.0f}+"
-            f"{parts['cache_MB']:.0f} MB, {parts['GFLOP']:.1f} GFLOP) | {step / rs:.2f} | "
-            f"{ceiling:.2f} | {load()} |")
-    print(head + "\n" + line, flush=True)
-    return [head, line]
+    cfg = ours[0].cfg
+    bw, rate = machine_rates(rows, cfg.hidden_size, cfg.intermediate_size)
+    _, rate16 = machine_rates(rows, cfg.hidden_size, cfg.intermediate_size, "bfloat16")
+    geo = (cfg, args.prompts, rows, bucket, args.cap, bw)
+    roofs = {"float32": roofline_s(*geo, rate), "f32-bf16w": roofline_s(*geo, rate16, 2, 4)}
+    head = ("| prompts x G | cap | ours | ours s/call | HF s/call (same compute dtype) | ours "
+            "tok/s | HF tok/s | ours/HF | ours decode ms/step | roofline ms/step | "
+            "step/roofline | ours/HF at that roofline (ceiling) | load |\n|---|---:|---|---:|"
+            "---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    lines = [head]
+    hf_by_dtype = {h.dtype: h for h in hfs}
+    for o in ours:
+        h = best[hf_by_dtype[o.dtype].name] if o.dtype in hf_by_dtype else float("nan")
+        step = min(o.decode_step_s)
+        kind = "f32-bf16w" if o.weights_dtype else o.dtype
+        roof = ceiling = "n/a"
+        if kind in roofs:
+            rs, parts = roofs[kind]
+            roof = (f"{rs * 1e3:.0f} ({bw / 1e9:.1f} GB/s, "
+                    f"{(rate16 if o.weights_dtype else rate) / 1e9:.0f} GFLOP/s; "
+                    f"{parts['weight_MB']:.0f}+{parts['cache_MB']:.0f} MB, "
+                    f"{parts['GFLOP']:.1f} GFLOP) | {step / rs:.2f}")
+            ceiling = f"{h / (min(o.prefill_s) + args.cap * rs):.2f}"
+        else:
+            roof += " | n/a"
+        lines.append(f"| {args.prompts} x {args.G} | {args.cap} | {o.name} | {best[o.name]:.1f} "
+                     f"| {h:.1f} | {rows * args.cap / best[o.name]:.0f} | "
+                     f"{rows * args.cap / h:.0f} | {h / best[o.name]:.2f} | {step * 1e3:.0f} | "
+                     f"{roof} | {ceiling} | {load()} |")
+    o = min(ours, key=lambda r: best[r.name])
+    h = min(hfs, key=lambda r: best[r.name])
+    floor, frate = streamed_floor_s(cfg, args.prompts, rows, bucket, args.cap, bw,
+                                    args.torch_threads)
+    ceiling = best[h.name] / (min(o.prefill_s) + args.cap * floor)
+    lines.append(f"| each at its fastest: {o.name} vs {h.name} | | | {best[o.name]:.1f} | "
+                 f"{best[h.name]:.1f} | | | **{best[h.name] / best[o.name]:.2f}** | "
+                 f"{min(o.decode_step_s) * 1e3:.0f} | {floor * 1e3:.0f} (streamed floor: "
+                 f"{frate / 1e9:.0f} GFLOP/s, bf16 KV) | "
+                 f"{min(o.decode_step_s) / floor:.2f} | {ceiling:.2f} | {load()} |")
+    print("\n".join(lines), flush=True)
+    return lines
 
 
 # ------------------------------------------------------------------------------ GRPO step
@@ -297,6 +398,7 @@ def run_trl(args: argparse.Namespace, prompts: list[dict[str, Any]], tmp: str,
     spec = dict(model_dir=os.path.dirname(GGUF), gguf_file=os.path.basename(GGUF),
                 prompts=prompts, prompts_per_step=args.prompts, G=args.G, cap=args.cap,
                 steps=args.steps + 1, lr=args.lr, threads=args.torch_threads, seed=args.seed + i,
+                bf16=args.trl_bf16,
                 datasets={p["dataset"]: p["settings"] for p in prompts})
     spath, out = os.path.join(tmp, f"trl_spec{i}.json"), os.path.join(tmp, f"trl{i}.jsonl")
     Path(spath).write_text(json.dumps(spec))
@@ -368,7 +470,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--dtypes", nargs="+", default=["float32"],
+                    choices=("float32", "bfloat16", "f32-bf16w"),
+                    help="sampling: params + compute dtype, both sides, one pair per dtype; "
+                         "f32-bf16w: ours only, float32 reading bf16 weights")
     ap.add_argument("--trl-python", default="/work/trl-venv/bin/python")
+    ap.add_argument("--trl-bf16", action="store_true",
+                    help="grpo: TRL with `bf16=True` (bf16 autocast; f32 master weights)")
     ap.add_argument("--ours-override", nargs="*", default=[],
                     help="extra key=value overrides for our trainer")
     args = ap.parse_args()

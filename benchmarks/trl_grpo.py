@@ -7,7 +7,8 @@ real_model.py as a subprocess:
 
 `spec.json` (written by real_model.py): model_dir + gguf_file (transformers loads the GGUF,
 dequantised to f32, then copied into a plain model: see `plain_model`), prompts (chat messages, gold
-entry, reasoning-gym dataset name and settings), G, cap, steps, lr, threads, seed. One GRPO step
+entry, reasoning-gym dataset name and settings), G, cap, steps, lr, threads, seed, bf16
+(optional: `GRPOConfig(bf16=True)`, bf16 autocast over f32 weights). One GRPO step
 = one generation of prompts_per_step x G rows, then one optimizer step on them
 (steps_per_generation 1, num_iterations 1), with the loss settings real_model.py uses for ours:
 beta 0, epsilon 0.2 / 0.28, token-mean ('dapo') aggregation, group-scaled advantages.
@@ -113,7 +114,8 @@ def main() -> None:
                             "dataset": [x["dataset"] for x in p]})
     rows = spec["prompts_per_step"] * spec["G"]
     cfg = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl_grpo_"), use_cpu=True, bf16=False,
+        output_dir=tempfile.mkdtemp(prefix="trl_grpo_"), use_cpu=True,
+        bf16=spec.get("bf16", False),
         per_device_train_batch_size=rows, gradient_accumulation_steps=1, num_generations=spec["G"],
         max_completion_length=spec["cap"], temperature=1.0, top_p=1.0, top_k=0,
         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
