@@ -67,14 +67,14 @@ def add_lora(layers: nnx.Module, targets: Iterable[str], rank: int, rngs: nnx.Rn
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., in] @ w [in, out] -> [..., out] in x's dtype.
 
-    A w narrower than x (the sampler's bfloat16 weight copy under a float32 model,
-    `sampling.weights_dtype`) takes x rounded to w's dtype and accumulates in x's: XLA:CPU then
+    A w of another dtype (the sampler's bfloat16 weight copy under a float32 model,
+    `sampling.weights_dtype`) takes x cast to w's dtype and accumulates in float32: XLA:CPU then
     runs a bf16 x bf16 -> f32 dot that reads half the weight bytes, where promoting w would
     convert it back to float32 on every decode step.
     """
     if w.dtype == x.dtype:
         return x @ w
-    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=x.dtype)
+    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def dense(x: jax.Array, p: Mapping[str, jax.Array], name: str, scale: float) -> jax.Array:
