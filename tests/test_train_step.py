@@ -156,16 +156,17 @@ def test_all_options_accumulate_exactly_over_mu_steps(all_options):
             assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), k
     assert m1[1]["ratio_mean"] != pytest.approx(1.0, abs=1e-4)  # really off-policy at step 2
     # Adam divides by sqrt(v): f32 summation-order noise in a near-zero gradient entry shows up
-    # as a sizeable fraction of one step (lr = 1e-2), hence 5e-5.
+    # as a sizeable fraction of one step (lr = 1e-2), hence 1e-4 (1 % of a step). The order is
+    # the CPU's: an AVX-512 machine put one entry of 4096 at 5.4e-5 (2026-12-04).
     for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p_mb)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
 
 def test_all_options_sharded_matches_single_device(all_options):
     p1, m1 = all_options
     p4, m4 = _run((2, 2, 1), _all_options_batch(), settings=ALL_OPTIONS)
     for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):  # atol: see the test above
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
     assert m4[0]["loss"] == pytest.approx(m1[0]["loss"], abs=1e-5)
 
 
