@@ -309,6 +309,7 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
         batch_shards=batch_ways if big_t["rows"] % batch_ways == 0 else 1,
         seq=max(x["seq_len"] for x in train_shapes),
         vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta,
+        sampler_weights_dtype=cfg.sampling.weights_dtype,
         **dict(zip(("lora_elems", "lora_elems_unsharded"), _lora_elems(params, mesh),
                    strict=True)))
     memory = estimate(inputs)

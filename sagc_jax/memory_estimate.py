@@ -14,8 +14,9 @@ prints both. The terms below follow what the compiled programs hold (measured on
   micro-batch x2 (value and gradient) and activations (residual stream per layer + one layer's
   intermediates with ``model.remat``; every layer's intermediates incl. the seq^2 attention
   scores without);
-- sampling: the KV cache x2 (decode carries a copy through its loop), the weight copy and the
-  f32 decode logits x2 (logits and log-softmax).
+- sampling: the KV cache x2 (decode carries a copy through its loop), the weight copy decode
+  reads (``sampling.weights_dtype``, else the compute dtype; none when it is the storage dtype)
+  and the f32 decode logits x2 (logits and log-softmax).
 Peak = static + max(train, sampling): the two phases do not overlap.
 """
 
@@ -61,6 +62,8 @@ class MemoryInputs:
     # with adapters off (no copy). 0 = full fine-tuning.
     lora_elems: int = 0
     lora_elems_unsharded: int = 0
+    # `sampling.weights_dtype`: the dtype of decode's weight copy (None = `mcfg.dtype`).
+    sampler_weights_dtype: str | None = None
 
 
 def activation_bytes(mcfg: ModelConfig, rows: int, seq: int) -> int:
@@ -93,6 +96,8 @@ def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]
         opt = 2 * (x.param_elems if shard_optimizer else x.param_elems_unsharded) * store
         ref = params if x.beta > 0 else 0
     copy = x.param_elems * comp if comp != store else 0
+    dec = jnp.dtype(x.sampler_weights_dtype or m.dtype).itemsize
+    dec_copy = x.param_elems * dec if dec != store else 0
     mb = min(x.micro_batch_rows, x.train_rows)
     mb_dev = math.ceil(mb / x.batch_shards) if mb % x.batch_shards == 0 else mb
     grads = train_bytes * (2 if mb < x.train_rows else 1)
@@ -103,7 +108,7 @@ def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]
     out = {"params": params, "optimizer": opt, "reference": ref, "static": params + opt + ref,
            "gradients": grads, "weights_copy": copy, "logits": logits, "activations": act,
            "train_peak": grads + copy + logits + act, "kv_cache": kv,
-           "decode_logits": dec_logits, "sampler_peak": kv + copy + dec_logits}
+           "decode_logits": dec_logits, "sampler_peak": kv + dec_copy + dec_logits}
     out["peak"] = out["static"] + max(out["train_peak"], out["sampler_peak"])
     return out
 
