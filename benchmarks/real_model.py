@@ -166,8 +166,8 @@ def bench_rates(args: argparse.Namespace) -> list[str]:
     _, rate = machine_rates(16, 576, 1536, streamed=True)
     out.append(f"| f32 matmul [16, 576] x [576, 1536] x 30, weights streamed (106 MB) | "
                f"{rate / 1e9:.0f} GFLOP/s | {load()} |")
-    # bf16 at the decode shape, XLA:CPU against torch (oneDNN; AMX where the CPU has it): why
-    # `generate` gains from bf16 on such a CPU and our sampler does not.
+    # bf16 at the decode shape, XLA:CPU against torch (oneDNN: AVX512-BF16 or AMX where the CPU
+    # has it): why `generate` gains from bf16 throughout and ours only from bf16 weights.
     _, rate = machine_rates(16, 576, 1536, "bfloat16", streamed=True)
     out.append(f"| bf16 matmul [16, 576] x [576, 1536] x 30, streamed (XLA) | "
                f"{rate / 1e9:.0f} GFLOP/s | {load()} |")
