@@ -12,9 +12,9 @@ work), interleaved A B A B; s per call and generated tok/s, best run each. Our d
 set against this machine's roofline for the model at that row count: weight + KV-cache bytes
 read per step / measured read bandwidth + matmul FLOPs per step / measured f32 matmul rate
 with the weights in cache (both measured in this run, at the decode step's own shapes).
-`--dtypes float32 bfloat16 f32-bf16w` adds a bf16 pair (params and compute in bf16 on both
-sides) and ours in float32 reading bfloat16 weight copies (`sampling.weights_dtype`), and
-compares each side at its fastest.
+`--dtypes float32 bfloat16 f32-bf16mm` adds a bf16 pair (params and compute in bf16 on both
+sides) and ours in float32 with bfloat16 matmuls (`model.matmul_dtype`: decode reads bf16
+weight copies), and compares each side at its fastest.
 
 grpo: whole GRPO steps (rollout + rewards + update) of our trainer (`sagc-jax train` on
 configs/smollm2-135m_rg_cpu.yaml, static G, no eval / checkpoints) vs TRL's `GRPOTrainer`
@@ -224,17 +224,19 @@ def streamed_floor_s(cfg: Any, prompts: int, rows: int, lp: int, new: int, bw: f
 # ------------------------------------------------------------------------------ sampling
 class Ours:
     def __init__(self, prompts: list[list[int]], g: int, new: int, bucket: int,
-                 dtype: str = "float32", weights_dtype: str | None = None):
+                 dtype: str = "float32", matmul_dtype: str | None = None):
+        import dataclasses
+
         import jax
 
         from sagc_jax.sampling import Sampler, SamplingConfig
 
-        self.dtype, self.weights_dtype = dtype, weights_dtype
-        self.name = f"ours {dtype}" + (f", {weights_dtype} weights" if weights_dtype else "")
+        self.dtype, self.matmul_dtype = dtype, matmul_dtype
+        self.name = f"ours {dtype}" + (f", {matmul_dtype} matmuls" if matmul_dtype else "")
         self.model, self.cfg = load_ours(dtype)
+        self.model.cfg = dataclasses.replace(self.model.cfg, matmul_dtype=matmul_dtype)
         cfg = SamplingConfig(group_sizes=(g,), prompts_per_step=len(prompts),
-                             prompt_buckets=(bucket,), max_new_tokens=new, decode_chunk=16,
-                             weights_dtype=weights_dtype)
+                             prompt_buckets=(bucket,), max_new_tokens=new, decode_chunk=16)
         self.s = Sampler(self.model, cfg, pad_id=0, eos_ids=())  # no EOS: rows run `new`
         self.prompts, self.g, self.new, self.calls = prompts, g, new, 0
         self.decode_step_s: list[float] = []
@@ -315,10 +317,10 @@ def chat_ids(prompts: list[dict[str, Any]]) -> list[list[int]]:
 
 def bench_sampling(args: argparse.Namespace) -> list[str]:
     """Ours vs `generate` at each of `args.dtypes` (params and compute in that dtype on both
-    sides; `f32-bf16w` is ours only: float32 compute reading bfloat16 weight copies,
-    `sampling.weights_dtype`), all runners interleaved; one line per runner of ours against
+    sides; `f32-bf16mm` is ours only: float32 with bfloat16 matmuls, `model.matmul_dtype`,
+    decode reading bf16 weight copies), all runners interleaved; one line per runner of ours against
     `generate` at the same compute dtype, then each side at its fastest. Rooflines: f32 for
-    float32; bf16 weights (2 bytes, bf16 matmul rate) for f32-bf16w. The ceiling against
+    float32; bf16 weights (2 bytes, bf16 matmul rate) for f32-bf16mm. The ceiling against
     `generate`'s fastest is a sampler at `streamed_floor_s`: the best streamed matmul rate
     either library reaches at the decode shape, and a bf16 KV cache."""
     import torch
@@ -331,7 +333,7 @@ def bench_sampling(args: argparse.Namespace) -> list[str]:
     ours: list[Ours] = []
     hfs: list[HF] = []
     for dt in args.dtypes:
-        if dt == "f32-bf16w":
+        if dt == "f32-bf16mm":
             ours.append(Ours(ids, args.G, args.cap, bucket, "float32", "bfloat16"))
         else:
             ours.append(Ours(ids, args.G, args.cap, bucket, dt))
@@ -353,7 +355,7 @@ def bench_sampling(args: argparse.Namespace) -> list[str]:
     bw, rate = machine_rates(rows, cfg.hidden_size, cfg.intermediate_size)
     _, rate16 = machine_rates(rows, cfg.hidden_size, cfg.intermediate_size, "bfloat16")
     geo = (cfg, args.prompts, rows, bucket, args.cap, bw)
-    roofs = {"float32": roofline_s(*geo, rate), "f32-bf16w": roofline_s(*geo, rate16, 2, 4)}
+    roofs = {"float32": roofline_s(*geo, rate), "f32-bf16mm": roofline_s(*geo, rate16, 2, 4)}
     head = ("| prompts x G | cap | ours | ours s/call | HF s/call (same compute dtype) | ours "
             "tok/s | HF tok/s | ours/HF | ours decode ms/step | roofline ms/step | "
             "step/roofline | ours/HF at that roofline (ceiling) | load |\n|---|---:|---|---:|"
@@ -363,12 +365,12 @@ def bench_sampling(args: argparse.Namespace) -> list[str]:
     for o in ours:
         h = best[hf_by_dtype[o.dtype].name] if o.dtype in hf_by_dtype else float("nan")
         step = min(o.decode_step_s)
-        kind = "f32-bf16w" if o.weights_dtype else o.dtype
+        kind = "f32-bf16mm" if o.matmul_dtype else o.dtype
         roof = ceiling = "n/a"
         if kind in roofs:
             rs, parts = roofs[kind]
             roof = (f"{rs * 1e3:.0f} ({bw / 1e9:.1f} GB/s, "
-                    f"{(rate16 if o.weights_dtype else rate) / 1e9:.0f} GFLOP/s; "
+                    f"{(rate16 if o.matmul_dtype else rate) / 1e9:.0f} GFLOP/s; "
                     f"{parts['weight_MB']:.0f}+{parts['cache_MB']:.0f} MB, "
                     f"{parts['GFLOP']:.1f} GFLOP) | {step / rs:.2f}")
             ceiling = f"{h / (min(o.prefill_s) + args.cap * rs):.2f}"
@@ -471,9 +473,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torch-threads", type=int, default=2)
     ap.add_argument("--dtypes", nargs="+", default=["float32"],
-                    choices=("float32", "bfloat16", "f32-bf16w"),
+                    choices=("float32", "bfloat16", "f32-bf16mm"),
                     help="sampling: params + compute dtype, both sides, one pair per dtype; "
-                         "f32-bf16w: ours only, float32 reading bf16 weights")
+                         "f32-bf16mm: ours only, float32 with bf16 matmuls")
     ap.add_argument("--trl-python", default="/work/trl-venv/bin/python")
     ap.add_argument("--trl-bf16", action="store_true",
                     help="grpo: TRL with `bf16=True` (bf16 autocast; f32 master weights)")

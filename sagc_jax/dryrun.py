@@ -101,7 +101,7 @@ def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelC
         from sagc_jax.models.presets import load_preset
 
         mcfg = dataclasses.replace(load_preset(m.preset, dtype=m.dtype), remat=m.remat,
-                                   param_dtype=m.param_dtype)
+                                   param_dtype=m.param_dtype, matmul_dtype=m.matmul_dtype)
         why = f" (no config.json in {m.path!r})" if m.path is not None else ""
         return mcfg, f"preset {m.preset}{why}"
     if m.path is not None:
@@ -309,7 +309,6 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
         batch_shards=batch_ways if big_t["rows"] % batch_ways == 0 else 1,
         seq=max(x["seq_len"] for x in train_shapes),
         vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta,
-        sampler_weights_dtype=cfg.sampling.weights_dtype,
         **dict(zip(("lora_elems", "lora_elems_unsharded"), _lora_elems(params, mesh),
                    strict=True)))
     memory = estimate(inputs)

@@ -10,12 +10,13 @@ prints both. The terms below follow what the compiled programs hold (measured on
   LoRA (``lora_elems``) AdamW state and gradients cover the float32 adapters only and the
   reference is the base itself (no copy);
 - train step: gradients at ``param_dtype`` (x2 with micro-batches: the accumulator and the
-  current micro-batch's), the compute-dtype weight copy each forward makes, f32 logits of a
+  current micro-batch's), the compute-dtype weight copy each forward makes (and the
+  ``model.matmul_dtype`` copy the backward keeps, when that differs), f32 logits of a
   micro-batch x2 (value and gradient) and activations (residual stream per layer + one layer's
   intermediates with ``model.remat``; every layer's intermediates incl. the seq^2 attention
   scores without);
 - sampling: the KV cache x2 (decode carries a copy through its loop), the weight copy decode
-  reads (``sampling.weights_dtype``, else the compute dtype; none when it is the storage dtype)
+  reads (``model.matmul_dtype``, else the compute dtype; none when it is the storage dtype)
   and the f32 decode logits x2 (logits and log-softmax).
 Peak = static + max(train, sampling): the two phases do not overlap.
 """
@@ -62,8 +63,6 @@ class MemoryInputs:
     # with adapters off (no copy). 0 = full fine-tuning.
     lora_elems: int = 0
     lora_elems_unsharded: int = 0
-    # `sampling.weights_dtype`: the dtype of decode's weight copy (None = `mcfg.dtype`).
-    sampler_weights_dtype: str | None = None
 
 
 def activation_bytes(mcfg: ModelConfig, rows: int, seq: int) -> int:
@@ -95,9 +94,10 @@ def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]
         train_bytes = params
         opt = 2 * (x.param_elems if shard_optimizer else x.param_elems_unsharded) * store
         ref = params if x.beta > 0 else 0
+    mm = jnp.dtype(m.matmul_dtype or m.dtype).itemsize  # `model.matmul_dtype`
     copy = x.param_elems * comp if comp != store else 0
-    dec = jnp.dtype(x.sampler_weights_dtype or m.dtype).itemsize
-    dec_copy = x.param_elems * dec if dec != store else 0
+    copy += x.param_elems * mm if mm != comp else 0  # the backward's matmul-dtype residuals
+    dec_copy = x.param_elems * mm if mm != store else 0
     mb = min(x.micro_batch_rows, x.train_rows)
     mb_dev = math.ceil(mb / x.batch_shards) if mb % x.batch_shards == 0 else mb
     grads = train_bytes * (2 if mb < x.train_rows else 1)

@@ -388,13 +388,12 @@ def test_sagc_horizon_is_the_run_length() -> None:
         load_config(None, ["sagc.horizon=500"])
 
 
-def test_sampling_weights_dtype_reaches_the_rollout_sampler() -> None:
-    from sagc_jax.sampling import SamplingConfig
-    from sagc_jax.shapes import ShapePlan
+def test_matmul_dtype_reaches_the_model() -> None:
+    """`model.matmul_dtype` is the architecture's (so every forward's: train step, sampler,
+    evals); a bad value is a one-line error naming the field."""
+    from sagc_jax.models.build import model_config
 
-    cfg = load_config(TINY, ["sampling.weights_dtype=bfloat16"])
-    plan = ShapePlan.from_config(cfg)
-    assert SamplingConfig.from_plan(plan, cfg.sampling).weights_dtype == "bfloat16"
-    assert SamplingConfig.for_eval(plan, cfg.sampling).weights_dtype is None  # evals: model.dtype
-    assert SamplingConfig.from_plan(plan, load_config(TINY).sampling).weights_dtype is None
-    assert _err(["sampling.weights_dtype=float16"]).startswith("sampling.weights_dtype: ")
+    assert model_config(load_config(TINY), 512).matmul_dtype is None
+    assert model_config(load_config(TINY, ["model.matmul_dtype=bfloat16"]), 512).matmul_dtype \
+        == "bfloat16"
+    assert _err(["model.matmul_dtype=float16"]).startswith("model.matmul_dtype: ")

@@ -145,6 +145,15 @@ class ModelSection(Section):
         "halves them, but an update smaller than ~2^-8 of a weight rounds away."
     )
     remat: Bool = field(False, "Rematerialise transformer blocks in the backward pass.")
+    matmul_dtype: Literal["float32", "bfloat16"] | None = field(
+        None,
+        "Operand dtype of every dense and LM-head matmul (train step, log-prob passes, prefill, "
+        "decode, evals); null = model.dtype. bfloat16 under a float32 model is mixed precision "
+        "as torch autocast / TRL's bf16=True: bf16 operands, float32 accumulation, float32 "
+        "master weights, norms, softmax, KV cache and loss (models/precision.py). ~2x the "
+        "matmul rate on CPUs with AVX512-BF16 and half decode's weight read; the policy is then "
+        "the bf16-rounded one.",
+    )
     lora: LoRASection | None = field(
         None, "LoRA adapters ({rank, alpha, targets, dropout}); None = full fine-tuning.")
 
@@ -264,14 +273,6 @@ class SamplingSection(Section):
     decode_chunk: Int = field(16, "Decode tokens per chunk inside the while loop.", ge=1)
     prompt_too_long: Literal["error", "truncate"] = field(
         "error", "What to do with a prompt longer than the largest bucket."
-    )
-    weights_dtype: Literal["float32", "bfloat16"] | None = field(
-        None,
-        "Dtype of the weight matrices the rollout decode loop reads; null = model.dtype. "
-        "bfloat16 under a float32 model halves decode's weight read (matmuls take bf16 inputs "
-        "and accumulate in float32; activations, KV cache and prefill stay in model.dtype): "
-        "rollouts then come from the bf16-rounded policy, while the loss is computed in "
-        "model.dtype. Held-out evals keep model.dtype.",
     )
 
     @model_validator(mode="after")

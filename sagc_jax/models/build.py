@@ -22,6 +22,12 @@ def with_lora(mcfg: ModelConfig, lora: Any) -> ModelConfig:
                                lora_targets=tuple(lora.targets))
 
 
+def _run_options(mcfg: ModelConfig, m: Any) -> ModelConfig:
+    """A pretrained architecture with the run's compute options (`model.remat`,
+    `model.matmul_dtype`) from the config's `model:` section `m`."""
+    return dataclasses.replace(mcfg, remat=m.remat, matmul_dtype=m.matmul_dtype)
+
+
 def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
                 ) -> tuple[Transformer, ModelConfig]:
     """An HF checkpoint or GGUF file (`model.path`, weights loaded onto `mesh`) or a fresh random
@@ -32,7 +38,7 @@ def build_model(cfg: Any, vocab_size: int, tokenizer: Any, mesh: Any
     if m.path is not None:
         model_config(cfg, vocab_size)  # config.json first: its errors name the file and field
         model, mcfg = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh)
-        model.cfg = with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
+        model.cfg = with_lora(_run_options(mcfg, m), m.lora)
         if m.lora is not None:
             add_lora(model.layers, m.lora.targets, m.lora.rank, nnx.Rngs(cfg.warm_start_seed))
         return model, model.cfg
@@ -49,7 +55,7 @@ def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> Mod
     m = cfg.model
     if m.path is not None:
         mcfg = pretrained_config(m.path, dtype=m.dtype, param_dtype=m.param_dtype)
-        return with_lora(dataclasses.replace(mcfg, remat=m.remat), m.lora)
+        return with_lora(_run_options(mcfg, m), m.lora)
     if vocab_size is None:
         raise ValueError("model.tokenizer: needed for the vocabulary size of a fresh model")
     if tokenizer is None:

@@ -75,6 +75,9 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
+    # Operand dtype of the dense and LM-head matmuls (`model.matmul_dtype`, models/precision.py);
+    # None = `dtype`.
+    matmul_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -104,6 +107,8 @@ class ModelConfig:
         for f in ("dtype", "param_dtype"):
             if getattr(self, f) not in ("float32", "bfloat16"):
                 bad(f, f"must be float32 or bfloat16, got {getattr(self, f)}")
+        if self.matmul_dtype not in (None, "float32", "bfloat16"):
+            bad("matmul_dtype", f"must be null, float32 or bfloat16, got {self.matmul_dtype!r}")
         if self.lora_rank < 0 or (self.lora_rank > 0) != bool(self.lora_targets):
             bad("lora_rank", f"{self.lora_rank} with targets {list(self.lora_targets)}: need "
                 "rank >= 1 with targets, or rank 0 without")
@@ -147,6 +152,7 @@ def from_run_section(m: Any, vocab_size: int, *, bos_token_id: int | None = None
         qkv_bias=m.attention_bias or m.model_type == "qwen2",
         o_bias=m.attention_bias and m.model_type == "llama", dtype=m.dtype,
         param_dtype=getattr(m, "param_dtype", "float32"), remat=m.remat,
+        matmul_dtype=getattr(m, "matmul_dtype", None),
         bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
 

@@ -55,14 +55,15 @@ class DecodeWeights(NamedTuple):
     head: jax.Array  # [H, V]
 
 
-def decode_weights(model: Transformer, weights_dtype: str | None = None) -> DecodeWeights:
-    """The decode loop's weights. `weights_dtype` (None = `cfg.dtype`) is the dtype of the
-    matrices it reads (layer kernels, LM head); norms, biases and the embedding gather stay in
+def decode_weights(model: Transformer) -> DecodeWeights:
+    """The decode loop's weights. The matrices it reads (layer kernels, LM head) are cast once
+    to `cfg.matmul_dtype` (None = `cfg.dtype`); norms, biases and the embedding gather stay in
     `cfg.dtype`. A bfloat16 copy under a float32 model halves the bytes a decode step reads;
-    `lora.matmul` then rounds activations to bf16 at each matmul and accumulates in float32."""
+    `precision.matmul` then rounds activations to bf16 at each matmul and accumulates in
+    float32, as the training forward does."""
     cfg = model.cfg
     dt = jnp.dtype(cfg.dtype)
-    wdt = jnp.dtype(weights_dtype or dt)
+    wdt = jnp.dtype(cfg.matmul_dtype or dt)
     # LoRA adapters are merged here, once per call, so the token loop reads plain weights.
     stacked = merge_lora(nnx.to_pure_dict(nnx.state(model.layers)), lora_scale(cfg))
     # Stacked kernels are [L, in, out]; norms and biases [L, n].

@@ -33,6 +33,7 @@ from flax import nnx
 
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.lora import add_lora, dense, lora_scale
+from sagc_jax.models.precision import matmul
 from sagc_jax.models.rope import apply_rope, inv_frequencies
 
 _NEG_INF = -1e30  # finite, so fully masked (padding) query rows give uniform weights, not NaN
@@ -78,8 +79,8 @@ def project_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positio
     """
     n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    s = lora_scale(cfg)
-    q, k, v = dense(h, p, "q_proj", s), dense(h, p, "k_proj", s), dense(h, p, "v_proj", s)
+    s, md = lora_scale(cfg), cfg.matmul_dtype
+    q, k, v = (dense(h, p, name, s, md) for name in ("q_proj", "k_proj", "v_proj"))
     if cfg.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     q = apply_rope(q.reshape(B, T, n, d), positions, inv_freq)
@@ -91,16 +92,16 @@ def project_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positio
 def block_tail(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array,
                attn: jax.Array) -> jax.Array:
     """Rest of a decoder block: x [B*T, H] residual, attn [B*T, N*D] -> x [B*T, H]."""
-    s = lora_scale(cfg)
-    attn = dense(attn, p, "o_proj", s)
+    s, md = lora_scale(cfg), cfg.matmul_dtype
+    attn = dense(attn, p, "o_proj", s, md)
     if cfg.o_bias:
         attn = attn + p["o_bias"]
     x = x + attn
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    gate, up = dense(h, p, "gate_proj", s), dense(h, p, "up_proj", s)
+    gate, up = dense(h, p, "gate_proj", s, md), dense(h, p, "up_proj", s, md)
     if cfg.mlp_bias:
         gate, up = gate + p["gate_bias"], up + p["up_bias"]
-    mlp = dense(jax.nn.silu(gate) * up, p, "down_proj", s)
+    mlp = dense(jax.nn.silu(gate) * up, p, "down_proj", s, md)
     if cfg.mlp_bias:
         mlp = mlp + p["down_bias"]
     return x + mlp
@@ -237,8 +238,9 @@ class Transformer(nnx.Module):
         if last_only:  # prefill needs one position: skip the [B, T, V] logits
             x, T = x.reshape(B, T, -1)[:, -1], 1
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
-        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
-        logits = jnp.dot(x, head.astype(dt), preferred_element_type=jnp.float32)
+        tied = cfg.tie_word_embeddings
+        head = (self.embed if tied else self.lm_head)[...].astype(dt)
+        logits = matmul(x, head, cfg.matmul_dtype or dt, w_t=tied, out_dtype="float32")
         logits = logits.reshape(B, T, cfg.vocab_size)
         if return_kv:
             return logits, kv

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sagc_jax.models.precision import matmul
+
 # Stacked weights of models/llama.py an adapter may target (HF module names).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 A_SUFFIX, B_SUFFIX = "_lora_a", "_lora_b"
@@ -64,23 +66,12 @@ def add_lora(layers: nnx.Module, targets: Iterable[str], rank: int, rngs: nnx.Rn
         setattr(layers, t + B_SUFFIX, nnx.LoRAParam(jnp.zeros((L, rank, d_out), jnp.float32)))
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., in] @ w [in, out] -> [..., out] in x's dtype.
-
-    A w of another dtype (the sampler's bfloat16 weight copy under a float32 model,
-    `sampling.weights_dtype`) takes x cast to w's dtype and accumulates in float32: XLA:CPU then
-    runs a bf16 x bf16 -> f32 dot that reads half the weight bytes, where promoting w would
-    convert it back to float32 on every decode step.
-    """
-    if w.dtype == x.dtype:
-        return x @ w
-    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
-
-
-def dense(x: jax.Array, p: Mapping[str, jax.Array], name: str, scale: float) -> jax.Array:
+def dense(x: jax.Array, p: Mapping[str, jax.Array], name: str, scale: float,
+          dtype: str | None = None) -> jax.Array:
     """x [..., in] @ weight `name` of one layer's params `p`, plus its adapter when `p` has one:
-    x @ W + scale * (x @ A) @ B -> [..., out]."""
-    y = matmul(x, p[name])
+    x @ W + scale * (x @ A) @ B -> [..., out]. `dtype`: the base product's operand dtype
+    (`model.matmul_dtype`, `precision.matmul`); the rank-r adapter product stays in x's."""
+    y = matmul(x, p[name], dtype)
     a = p.get(name + A_SUFFIX)
     if a is None:
         return y

@@ -36,9 +36,6 @@ class SamplingConfig:
         (decode attends over the shared prompt part and each row's own generated part);
         False repeats every prompt G times before prefill (the Tunix way; kept for benchmarks).
       prompt_too_long: "error" (default) or "truncate" (keep the last tokens of the prompt).
-      weights_dtype: dtype of the weight matrices decode reads (None = the model's compute
-        dtype); "bfloat16" under a float32 model halves the weight read of every decode step
-        (`models.decode.decode_weights`). Prefill stays in the model's dtype.
     """
 
     group_sizes: tuple[int, ...] = (4, 8, 12, 16)
@@ -52,7 +49,6 @@ class SamplingConfig:
     use_top_p: bool = False
     prefix_sharing: bool = True
     prompt_too_long: Literal["error", "truncate"] = "error"
-    weights_dtype: Literal["float32", "bfloat16"] | None = None
 
     def __post_init__(self) -> None:
         def inc(name: str, xs: Sequence[int]) -> None:
@@ -77,9 +73,6 @@ class SamplingConfig:
             inc("cache_buckets", self.cache_buckets)
             for lp in self.prompt_buckets:
                 cache_bucket_for(lp, self)  # raises if a prompt bucket has no cache bucket
-        if self.weights_dtype not in (None, "float32", "bfloat16"):
-            raise ValueError(f"SamplingConfig.weights_dtype must be None, 'float32' or "
-                             f"'bfloat16', got {self.weights_dtype!r}")
         if self.prompt_too_long not in ("error", "truncate"):
             raise ValueError(f"SamplingConfig.prompt_too_long must be 'error' or 'truncate', got "
                              f"{self.prompt_too_long!r}")
@@ -93,8 +86,7 @@ class SamplingConfig:
             prompts_for_group=dict(plan.prompts_per_g), prompt_buckets=plan.prompt_buckets,
             cache_buckets=plan.cache_buckets, max_new_tokens=plan.max_new_tokens,
             decode_chunk=plan.decode_chunk, use_top_k=sampling.top_k is not None,
-            use_top_p=sampling.top_p is not None, prompt_too_long=sampling.prompt_too_long,
-            weights_dtype=sampling.weights_dtype)
+            use_top_p=sampling.top_p is not None, prompt_too_long=sampling.prompt_too_long)
 
     @classmethod
     def for_eval(cls, plan: ShapePlan, sampling: Any, prompts: int = 64) -> SamplingConfig:

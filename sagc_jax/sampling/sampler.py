@@ -482,8 +482,8 @@ class Sampler:
         """
         c = self.config
         model = self._merge(pure)
-        # Per-layer split (and any weights_dtype cast) once per call, outside the loop.
-        weights = decode_weights(model, c.weights_dtype)
+        # Per-layer split (and any matmul_dtype cast) once per call, outside the loop.
+        weights = decode_weights(model)
         rows = lens.shape[0] * g
         group = g if c.prefix_sharing else 1
         nbuf = c.out_buffer
