@@ -90,6 +90,23 @@ def test_pack_batch_layout():
         assert seg.min() == seg.max() > 0
         # the completion's first token is the target at `start`
         assert ch["targets"][r, plan.start[s]] == b["tokens"][s, LP]
+        # its scored slots are listed in the row's `head_slots` from `hstart` on
+        ln, h = b["lengths"][s], plan.hstart[s]
+        np.testing.assert_array_equal(ch["head_slots"][r, h:h + ln], plan.start[s] + np.arange(ln))
+    for c in chunks:  # no row scores more than the cap (= completion_len)
+        assert c["head_slots"].shape == (len(c["tokens"]), N)
+
+
+def test_rows_hold_at_most_loss_cap_scored_slots():
+    """The second capacity: short prompts with long completions would fit 3 to a row by
+    slots, but only 2 by scored slots."""
+    p, ln = np.full(6, 2), np.full(6, 5)
+    by_slots = plan_packing(p, ln, np.ones(6, bool), pack_len=18, chunk_sizes=(1,))
+    capped = plan_packing(p, ln, np.ones(6, bool), pack_len=18, chunk_sizes=(1,), loss_cap=10)
+    assert len(by_slots.chunks) == 2 and len(capped.chunks) == 3
+    rows = capped.chunk * 10 + capped.row
+    assert max(ln[rows == r].sum() for r in set(rows)) <= 10
+    assert sorted(capped.hstart) == [0, 0, 0, 5, 5, 5]
 
 
 def test_plan_rejects_a_sequence_longer_than_a_row():

@@ -191,12 +191,15 @@ class Transformer(nnx.Module):
         rows_sharding: jax.sharding.Sharding | None = None,
         return_kv: bool = False,
         segment_ids: jax.Array | None = None,
+        logits_at: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache] | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """`rows_sharding` (train step under FSDP): the embedded [B*T, H] rows' sharding.
         The lookup otherwise comes out sharded on H like the embedding, and GSPMD keeps every
         activation whole on each device (gathering activations, all-reducing partial sums: full
         logits per device); pinned rows make it gather each layer's weights instead.
-        `segment_ids` [B, T] (packed training rows): attention stays inside a segment."""
+        `segment_ids` [B, T] (packed training rows): attention stays inside a segment.
+        `logits_at` [B, K] int (no cache): logits of those slots only, [B, K, V] (the packed
+        train step's scored slots; the LM head and vocab softmax skip the prompt slots)."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T = input_ids.shape
@@ -237,6 +240,9 @@ class Transformer(nnx.Module):
                                       (params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
         if last_only:  # prefill needs one position: skip the [B, T, V] logits
             x, T = x.reshape(B, T, -1)[:, -1], 1
+        elif logits_at is not None:
+            x = jnp.take_along_axis(x.reshape(B, T, -1), logits_at[..., None], axis=1)
+            x, T = x.reshape(-1, x.shape[-1]), logits_at.shape[1]
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         tied = cfg.tie_word_embeddings
         head = (self.embed if tied else self.lm_head)[...].astype(dt)

@@ -39,24 +39,27 @@ from sagc_jax.rl.train_step import LossSettings, apply_update, completion_mask
 # threshold is a full-batch quantile, so it must be known before any chunk's gradient).
 SEQ_FIELDS = {
     "lengths": 1, "loss_rows": 1, "old_logprobs": 2, "ref_logprobs": 2, "rewards": 1,
-    "group_ids": 1, "valid": 1, "chunk": 1, "row": 1, "start": 1, "entropy": 2,
+    "group_ids": 1, "valid": 1, "chunk": 1, "row": 1, "start": 1, "hstart": 1, "entropy": 2,
 }
 SEQ_FLOAT = ("old_logprobs", "ref_logprobs", "rewards", "entropy")
 SEQ_BOOL = ("loss_rows", "valid")
-# Packed arrays of one chunk, int32 [chunk rows, pack_len].
-CHUNK_FIELDS = ("tokens", "targets", "positions", "segment_ids")
+# Packed arrays of one chunk, int32 [chunk rows, pack_len] (`head_slots`: [chunk rows, loss_cap],
+# the scored slots of each row, `rl.packing`).
+CHUNK_FIELDS = ("tokens", "targets", "positions", "segment_ids", "head_slots")
 SUM_METRICS = ("loss", *METRICS)
 
 
 def packed_logprobs(graphdef: nnx.GraphDef, params: Any, chunk: dict[str, jax.Array],
                     temperature: float, entropy: bool = False
                     ) -> tuple[jax.Array, jax.Array | None]:
-    """(log-prob, entropy or None) [rows, L] of each slot's target under
-    softmax(logits / temperature)."""
+    """(log-prob, entropy or None) [rows, loss_cap] of the target of each scored slot
+    (`head_slots`) under softmax(logits / temperature): the LM head runs on those slots only."""
     model = nnx.merge(graphdef, params)
+    at = chunk["head_slots"]
     logits = model(chunk["tokens"], positions=chunk["positions"],
-                   segment_ids=chunk["segment_ids"])
-    return token_logprobs_and_entropy(logits, chunk["targets"], temperature, entropy=entropy)
+                   segment_ids=chunk["segment_ids"], logits_at=at)
+    targets = jnp.take_along_axis(chunk["targets"], at, axis=1)
+    return token_logprobs_and_entropy(logits, targets, temperature, entropy=entropy)
 
 
 def _scored_mask_and_norms(seqs: dict[str, jax.Array]
@@ -95,8 +98,8 @@ def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
         def loss_fn(t):
             p = nnx.merge_state(t, frozen)
             logp, ent = packed_logprobs(graphdef, p, chunk, s.temperature, entropy=True)
-            logp = unpack(logp, seqs["row"], seqs["start"], n)
-            ent = unpack(ent, seqs["row"], seqs["start"], n)
+            logp = unpack(logp, seqs["row"], seqs["hstart"], n)
+            ent = unpack(ent, seqs["row"], seqs["hstart"], n)
             return s.loss(logp, seqs["old_logprobs"], adv, mask,
                           ref_logprobs=seqs["ref_logprobs"], entropy=ent, entropy_min=ent_min,
                           norms=norms)
@@ -136,7 +139,7 @@ def make_logprob_step(graphdef: nnx.GraphDef, temperature: float,
 
     def step(params, out, chunk, seqs, index):
         logp, ent = packed_logprobs(graphdef, params, chunk, temperature, entropy=entropy)
-        x = unpack(ent if entropy else logp, seqs["row"], seqs["start"], out.shape[1])
+        x = unpack(ent if entropy else logp, seqs["row"], seqs["hstart"], out.shape[1])
         return jnp.where((seqs["chunk"] == index)[:, None], x, out)
 
     return step

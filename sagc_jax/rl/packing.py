@@ -13,8 +13,13 @@ Packed layout of one chunk (all int32 [rows, pack_len]):
     segment_ids  1, 2, ... per sequence within a row; 0 on padding (attention stays inside one id)
 
 The completion token t of sequence s is scored at slot `start_s + t`, `start_s = col_s + p_s - 1`,
-in row `row_s` of chunk `chunk_s`. `unpack` gathers packed per-slot values back to the per-sequence
-`[S, N]` layout the losses take, so packing changes where a token sits, never the loss.
+in row `row_s` of chunk `chunk_s`. Only those slots need logits (the LM head and the vocab softmax
+are ~a quarter of the forward, and prompt slots are often half a row), so each row also lists its
+scored slots, compacted: `head_slots` [rows, loss_cap] (int32; sequences in column order, 0 past
+the end), where sequence s's first one sits at `hstart_s`. Rows are packed so that none holds more
+than `loss_cap` scored slots, which gives that gather a static size. `unpack` gathers per-slot (or
+per-listed-slot) values back to the per-sequence `[S, N]` layout the losses take, so packing
+changes where a token sits, never the loss.
 
 Only sequences that carry loss (completion length > 0 and `loss_rows`) are packed: the others'
 log-probs are masked out of every loss term and metric, so computing them would be waste.
@@ -41,6 +46,8 @@ class PackPlan:
         logits score its first completion token; chunk -1 (row, start 0) for sequences not
         packed (`packed` False), so a per-chunk mask `chunk == i` never selects them.
       col: first slot of the sequence in its row.
+      hstart: index of the sequence's first scored slot in its row's `head_slots`.
+      loss_cap: scored slots a row may hold (the width of `head_slots`).
       packed: True for sequences placed in the layout.
       real_tokens: slots holding a packed sequence (Σ n_s).
     """
@@ -53,6 +60,8 @@ class PackPlan:
     start: np.ndarray
     packed: np.ndarray
     real_tokens: int
+    hstart: np.ndarray
+    loss_cap: int
 
     @property
     def computed_tokens(self) -> int:
@@ -65,8 +74,10 @@ class PackPlan:
         return self.real_tokens / self.computed_tokens if self.chunks else 1.0
 
 
-def first_fit_decreasing(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Bin-packs item `sizes` [S] (each in [1, capacity]) into rows of `capacity` slots.
+def first_fit_decreasing(sizes: np.ndarray, capacity: int, loads: np.ndarray | None = None,
+                         load_capacity: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Bin-packs item `sizes` [S] (each in [1, capacity]) into rows of `capacity` slots; with
+    `loads` [S] (each <= `load_capacity`), a row's summed loads also stay <= `load_capacity`.
 
     Returns (row [S], col [S], rows used); items are placed longest first, each into the first
     row with room, at that row's current end. Deterministic (stable sort on -size).
@@ -75,16 +86,25 @@ def first_fit_decreasing(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, 
     if sizes.size and (sizes.min() < 1 or sizes.max() > capacity):
         raise ValueError(f"first_fit_decreasing: item sizes must lie in [1, {capacity}], got "
                          f"{sizes.min()}..{sizes.max()}")
+    loads = np.zeros_like(sizes) if loads is None else np.asarray(loads, np.int64)
+    cap2 = int(loads.max(initial=0)) if load_capacity is None else load_capacity
+    if loads.size and loads.max() > cap2:
+        raise ValueError(f"first_fit_decreasing: an item's load {loads.max()} exceeds "
+                         f"load_capacity {cap2}")
     row = np.zeros(sizes.shape, np.int32)
     col = np.zeros(sizes.shape, np.int32)
     fill: list[int] = []
+    fill2: list[int] = []
     for i in np.argsort(-sizes, kind="stable"):
-        n = int(sizes[i])
-        r = next((j for j, used in enumerate(fill) if used + n <= capacity), len(fill))
+        n, m = int(sizes[i]), int(loads[i])
+        r = next((j for j, used in enumerate(fill)
+                  if used + n <= capacity and fill2[j] + m <= cap2), len(fill))
         if r == len(fill):
             fill.append(0)
+            fill2.append(0)
         row[i], col[i] = r, fill[r]
         fill[r] += n
+        fill2[r] += m
     return row, col, len(fill)
 
 
@@ -102,7 +122,8 @@ def split_rows(rows: int, chunk_sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarray, *,
-                 pack_len: int, chunk_sizes: Sequence[int]) -> PackPlan:
+                 pack_len: int, chunk_sizes: Sequence[int],
+                 loss_cap: int | None = None) -> PackPlan:
     """The pack plan of S sequences.
 
     Args:
@@ -111,6 +132,7 @@ def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarr
       include: bool [S]; sequences that carry loss (others are left out, see module doc).
       pack_len: slots per row; every included p_s + l_s - 1 must fit.
       chunk_sizes: the declared chunk row counts.
+      loss_cap: scored (completion) slots a row may hold, >= every l_s; None = pack_len.
     """
     p = np.asarray(prompt_lens, np.int64)
     n = p + np.asarray(lengths, np.int64) - 1
@@ -119,7 +141,9 @@ def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarr
         raise ValueError(f"plan_packing: a sequence of {int(n[packed].max())} slots does not "
                          f"fit pack_len {pack_len} (or a prompt is empty)")
     idx = np.flatnonzero(packed)
-    row_g, col, rows = first_fit_decreasing(n[idx], pack_len)
+    ls = np.asarray(lengths, np.int64)
+    cap = pack_len if loss_cap is None else int(loss_cap)
+    row_g, col, rows = first_fit_decreasing(n[idx], pack_len, ls[idx], cap)
     chunks = split_rows(rows, chunk_sizes) if rows else ()
     bounds = np.cumsum((0, *chunks))  # first global row of each chunk
     S = len(p)
@@ -131,17 +155,26 @@ def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarr
     row[idx] = row_g - bounds[c_of]
     cols[idx] = col
     start = np.where(packed, cols + p - 1, 0).astype(np.int32)
-    return PackPlan(chunks, pack_len, chunk, row, cols, start, packed, int(n[packed].sum()))
+    # A sequence's scored slots follow those of the sequences left of it in its row.
+    hstart = np.zeros(S, np.int32)
+    for k, s in enumerate(idx):
+        left = (row_g == row_g[k]) & (col < col[k])
+        hstart[s] = ls[idx[left]].sum()
+    return PackPlan(chunks, pack_len, chunk, row, cols, start, packed, int(n[packed].sum()),
+                    hstart, cap)
 
 
 def pack_chunks(plan: PackPlan, prompts: Sequence[np.ndarray], completions: np.ndarray,
                 lengths: np.ndarray, pad_id: int) -> list[dict[str, np.ndarray]]:
     """Per-chunk packed arrays (`tokens`, `targets`, `positions`, `segment_ids`, int32
-    [chunk rows, pack_len]) of the plan's sequences; prompts[s] holds p_s ids, completions
-    [S, >= max l] holds each completion's ids (right-padded)."""
+    [chunk rows, pack_len], and `head_slots` [chunk rows, loss_cap]) of the plan's sequences;
+    prompts[s] holds p_s ids, completions [S, >= max l] holds each completion's ids
+    (right-padded)."""
     L = plan.pack_len
     out = [{k: np.full((c, L), pad_id if k in ("tokens", "targets") else 0, np.int32)
             for k in ("tokens", "targets", "positions", "segment_ids")} for c in plan.chunks]
+    for c, ch in zip(plan.chunks, out, strict=True):
+        ch["head_slots"] = np.zeros((c, plan.loss_cap), np.int32)
     seg_next: dict[tuple[int, int], int] = {}
     for s in np.flatnonzero(plan.packed):
         seq = np.concatenate([np.asarray(prompts[s], np.int32),
@@ -154,6 +187,8 @@ def pack_chunks(plan: PackPlan, prompts: Sequence[np.ndarray], completions: np.n
         ch["targets"][r, a:a + m] = seq[1:]
         ch["positions"][r, a:a + m] = np.arange(m)
         ch["segment_ids"][r, a:a + m] = seg
+        h, ln = int(plan.hstart[s]), int(lengths[s])
+        ch["head_slots"][r, h:h + ln] = plan.start[s] + np.arange(ln)
     return out
 
 
@@ -171,8 +206,9 @@ def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, com
     left-padded to `prompt_len`) -> (packed chunks, per-sequence arrays, plan).
 
     Per-sequence arrays are padded to `seqs` rows (invalid, no loss) and `completion_len`
-    columns, so their shapes are the same every step; they carry `chunk`, `row`, `start` of
-    the plan besides the batch's own per-row fields.
+    columns, so their shapes are the same every step; they carry `chunk`, `row`, `start`,
+    `hstart` of the plan besides the batch's own per-row fields. `completion_len` is also
+    each row's cap on scored slots (the width of `head_slots`).
     """
     R = len(arrays["lengths"])
     if seqs < R:
@@ -181,7 +217,7 @@ def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, com
     lengths = np.asarray(arrays["lengths"], np.int32)
     prompts = [tokens[r, pad[r]:prompt_len] for r in range(R)]
     plan = plan_packing(prompt_len - pad, lengths, arrays["loss_rows"], pack_len=pack_len,
-                        chunk_sizes=chunk_sizes)
+                        chunk_sizes=chunk_sizes, loss_cap=completion_len)
     chunks = pack_chunks(plan, prompts, tokens[:, prompt_len:], lengths, pad_id)
 
     def padded(x: np.ndarray, dtype) -> np.ndarray:
@@ -198,4 +234,5 @@ def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, com
     out["chunk"] = np.full(seqs, -1, np.int32)
     out["chunk"][:R] = plan.chunk
     out["row"], out["start"] = padded(plan.row, np.int32), padded(plan.start, np.int32)
+    out["hstart"] = padded(plan.hstart, np.int32)
     return chunks, out, plan

@@ -68,8 +68,9 @@ class PackedSteps(StepFields):
 
     def _chunk_spec(self, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
         sh = self.chunk_sharding(rows)
-        return {k: jax.ShapeDtypeStruct((rows, self.pack_len), jnp.int32, sharding=sh)
-                for k in CHUNK_FIELDS}
+        width = {"head_slots": self.completion_len}  # each row's cap on scored slots
+        return {k: jax.ShapeDtypeStruct((rows, width.get(k, self.pack_len)), jnp.int32,
+                                        sharding=sh) for k in CHUNK_FIELDS}
 
     # ---- jitted functions
     def _fn(self, name: str, rows: int = 0) -> Callable:
