@@ -23,8 +23,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-MATMUL_DTYPES = ("float32", "bfloat16")
-
 
 def row_major_t(a: jax.Array) -> jax.Array:
     """a [m, n] -> a^T [n, m], materialised row-major (not a layout XLA folds into a dot)."""

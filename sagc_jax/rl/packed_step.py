@@ -34,12 +34,12 @@ from sagc_jax.rl.losses import (
 from sagc_jax.rl.packing import unpack
 from sagc_jax.rl.train_step import LossSettings, apply_update, completion_mask
 
-# Per-sequence arrays [S, ...] (name -> rank); `chunk`, `row`, `start` come from the PackPlan.
+# Per-sequence arrays [S, ...] (name -> rank); `chunk`, `row`, `hstart` come from the PackPlan.
 # `entropy` [S, N] is filled by an entropy pass only for `top_entropy_quantile < 1` (the
 # threshold is a full-batch quantile, so it must be known before any chunk's gradient).
 SEQ_FIELDS = {
     "lengths": 1, "loss_rows": 1, "old_logprobs": 2, "ref_logprobs": 2, "rewards": 1,
-    "group_ids": 1, "valid": 1, "chunk": 1, "row": 1, "start": 1, "hstart": 1, "entropy": 2,
+    "group_ids": 1, "valid": 1, "chunk": 1, "row": 1, "hstart": 1, "entropy": 2,
 }
 SEQ_FLOAT = ("old_logprobs", "ref_logprobs", "rewards", "entropy")
 SEQ_BOOL = ("loss_rows", "valid")

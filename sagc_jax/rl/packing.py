@@ -206,7 +206,7 @@ def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, com
     left-padded to `prompt_len`) -> (packed chunks, per-sequence arrays, plan).
 
     Per-sequence arrays are padded to `seqs` rows (invalid, no loss) and `completion_len`
-    columns, so their shapes are the same every step; they carry `chunk`, `row`, `start`,
+    columns, so their shapes are the same every step; they carry `chunk`, `row` and
     `hstart` of the plan besides the batch's own per-row fields. `completion_len` is also
     each row's cap on scored slots (the width of `head_slots`).
     """
@@ -233,6 +233,5 @@ def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, com
         out[k][:R, :n] = arrays[k]
     out["chunk"] = np.full(seqs, -1, np.int32)
     out["chunk"][:R] = plan.chunk
-    out["row"], out["start"] = padded(plan.row, np.int32), padded(plan.start, np.int32)
-    out["hstart"] = padded(plan.hstart, np.int32)
+    out["row"], out["hstart"] = padded(plan.row, np.int32), padded(plan.hstart, np.int32)
     return chunks, out, plan
