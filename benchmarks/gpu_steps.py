@@ -5,11 +5,13 @@ configs/qwen2.5-0.5b_gsm8k_gpu.yaml (its `model.preset` architecture, dtype, rem
 micro-batch / pack chunk rows, loss and optimizer), with random weights: the cost of a step does
 not depend on their values. `--cpu-smoke` shrinks the model and the batch, nothing else.
 
-Train FLOPs (model FLOPs, the usual MFU convention: remat's recompute not counted): per packed
-sequence of n = prompt + completion - 1 tokens, 6 x matmul params x n (forward 2, backward 4;
-matmul params = layers' projections + the LM head, not the embedding gather or norms) plus
-causal attention 6 x layers x q_dim x n^2 (QK^T and PV, 2 q_dim n^2 / 2 each forward, x3 with
-the backward). Only real tokens count: pack padding is overhead, not work.
+Train FLOPs (model FLOPs, the usual MFU convention: remat's recompute not counted) of the packed
+layout as it is computed: each unit's prompt once per row (prefix sharing), every completion's
+own tokens, and the LM head on scored slots only. 6 x layer matmul params per real slot (forward
+2, backward 4; the layers' projections, not the embedding gather or norms), 6 x vocab x hidden
+per scored token (the head), and 12 x layers x q_dim per attended (query, key) pair (QK^T and PV,
+2 q_dim each forward, x3 with the backward; a lone sequence of n tokens has ~n^2 / 2 pairs).
+Pack padding is overhead, not work.
 
 Decode bytes per step (the HBM roofline; decode is memory-bound): bf16 weights (all params,
 the tied LM head once) + the KV the step reads: the prompt's K/V once per PROMPT (prefix
@@ -79,31 +81,46 @@ def bench_config(smoke: bool) -> tuple[Any, ModelConfig]:
                                     remat=m.remat)
 
 
-def matmul_params(cfg: ModelConfig) -> int:
-    """Parameters in a matmul per token: the layers' projections and the LM head (tied: the
-    embedding, once); not the embedding gather, norms or biases."""
+def layer_params(cfg: ModelConfig) -> int:
+    """Parameters in a matmul per token in the layers: projections, not norms or biases."""
     h, d = cfg.hidden_size, cfg.head_dim
     attn = h * d * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    return cfg.num_layers * (attn + 3 * h * cfg.intermediate_size) + cfg.vocab_size * h
+    return cfg.num_layers * (attn + 3 * h * cfg.intermediate_size)
 
 
-def train_flops(cfg: ModelConfig, seq_tokens: np.ndarray) -> float:
-    """Model FLOPs (forward + backward) of sequences of `seq_tokens` tokens each."""
-    n = np.asarray(seq_tokens, np.float64)
+def attended_pairs(segment_ids: np.ndarray, branch_ids: np.ndarray) -> int:
+    """(query, key) pairs the packed attention mask admits among real slots (`rl.packing`'s
+    rule: same segment, key not after the query, key on the prompt or the query's branch)."""
+    total = 0
+    for seg, br in zip(segment_ids, branch_ids, strict=True):
+        same = (seg[:, None] == seg[None, :]) & (seg > 0)[:, None]
+        vis = same & ((br[None, :] == 0) | (br[None, :] == br[:, None]))
+        total += int(np.tril(vis).sum())
+    return total
+
+
+def train_flops(cfg: ModelConfig, chunks: list[dict[str, np.ndarray]]) -> float:
+    """Model FLOPs (forward + backward) of packed chunks (`rl.packing.pack_chunks`)."""
+    slots = sum(int((c["segment_ids"] > 0).sum()) for c in chunks)
+    scored = sum(int((c["head_slots"] > 0).sum()) for c in chunks)
+    pairs = sum(attended_pairs(c["segment_ids"], c["branch_ids"]) for c in chunks)
     q_dim = cfg.num_heads * cfg.head_dim
-    return float(6.0 * matmul_params(cfg) * n.sum()
-                 + 6.0 * cfg.num_layers * q_dim * (n ** 2).sum())
+    return float(6.0 * layer_params(cfg) * slots + 6.0 * cfg.vocab_size * cfg.hidden_size
+                 * scored + 12.0 * cfg.num_layers * q_dim * pairs)
 
 
 def synth_batch(rng: np.random.Generator, *, prompts: int, group: int, prompt_len: int,
                 max_new: int, vocab: int, median: float) -> dict[str, np.ndarray]:
     """A rollout batch (`rl.train_step.BATCH_FIELDS`): prompts of prompt_len / 2 .. prompt_len
-    tokens, completions log-normal around `median` (sigma 0.5, capped at max_new)."""
+    tokens, the same for a group's rows, completions log-normal around `median` (sigma 0.5,
+    capped at max_new)."""
     rows = prompts * group
     plen = rng.integers(prompt_len // 2, prompt_len + 1, prompts).repeat(group)
     comp = np.clip(np.round(rng.lognormal(np.log(median), 0.5, rows)), 1, max_new)
+    tokens = rng.integers(3, vocab, (rows, prompt_len + max_new)).astype(np.int32)
+    tokens[:, :prompt_len] = tokens[::group, :prompt_len].repeat(group, 0)
     return {
-        "tokens": rng.integers(3, vocab, (rows, prompt_len + max_new)).astype(np.int32),
+        "tokens": tokens,
         "prompt_pad": (prompt_len - plen).astype(np.int32), "lengths": comp.astype(np.int32),
         "old_logprobs": np.full((rows, max_new), -np.log(vocab), np.float32),
         "ref_logprobs": np.zeros((rows, max_new), np.float32),
@@ -162,15 +179,17 @@ def part_train(args: argparse.Namespace, dev: dict[str, Any]) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
     step_s = float(np.median(times))
     seq_tokens = (lp - arrays["prompt_pad"]) + arrays["lengths"] - 1
-    flops = train_flops(mcfg, seq_tokens)
-    recompute = 2.0 * matmul_params(mcfg) * seq_tokens.sum() if mcfg.remat else 0.0
+    flops = train_flops(mcfg, chunks)
+    slots = pp.real_tokens
+    recompute = 2.0 * layer_params(mcfg) * slots if mcfg.remat else 0.0
     peak = dev["peak_flops"] * dev["devices"]
     return {**dev, "model": "tiny" if smoke else cfg.model.preset, "dtype": mcfg.dtype,
             "remat": mcfg.remat, "rows": len(seq_tokens), "group_size": g,
             "prompts": plan.prompts_per_g[g], "prompt_bucket": lp, "max_new_tokens": n,
             "pack_len": steps.pack_len, "chunks": list(pp.chunks), "token_util": pp.token_util,
-            "real_tokens": int(seq_tokens.sum()), "matmul_params": matmul_params(mcfg),
-            "pack_s": pack_s, "compile_s": compile_s, "step_s": step_s, "step_s_all": times,
+            "seq_tokens": int(seq_tokens.sum()), "real_tokens": slots,
+            "layer_params": layer_params(mcfg), "pack_s": pack_s, "compile_s": compile_s,
+            "step_s": step_s, "step_s_all": times,
             "tokens_per_s": float(seq_tokens.sum()) / step_s, "model_tflop": flops / 1e12,
             "tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / peak,
             "hfu_with_remat": (flops + recompute) / step_s / peak,

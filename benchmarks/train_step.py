@@ -177,10 +177,12 @@ def _chunk_split(env: dict) -> tuple[int, float, float]:
     lp = plan.prompt_buckets[-1]
     c = packed.chunk_sizes[0]
     rng = np.random.default_rng(1)
-    chunk = {k: rng.integers(3, env["mcfg"].vocab_size, (c, plan.pack_len)).astype(np.int32)
-             for k in ("tokens", "targets")}
-    chunk["positions"] = np.tile(np.arange(plan.pack_len, dtype=np.int32), (c, 1))
-    chunk["segment_ids"] = np.ones((c, plan.pack_len), np.int32)
+    L, K, V = plan.pack_len, packed.completion_len, env["mcfg"].vocab_size
+    chunk = {"tokens": rng.integers(3, V, (c, L)).astype(np.int32),
+             "positions": np.tile(np.arange(L, dtype=np.int32), (c, 1)),
+             "segment_ids": np.ones((c, L), np.int32), "branch_ids": np.zeros((c, L), np.int32),
+             "head_slots": np.tile(np.arange(L - K, L, dtype=np.int32), (c, 1)),
+             "head_targets": rng.integers(3, V, (c, K)).astype(np.int32)}
     _, seqs, _ = pack_batch(env["batches"][0]["arrays"], lp, seqs=packed.seqs,
                             completion_len=packed.completion_len, pack_len=plan.pack_len,
                             chunk_sizes=packed.chunk_sizes, pad_id=0)

@@ -25,6 +25,10 @@ def _train(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dot-path overrides, e.g. sagc.delta=0.05 run.steps=10")
     args = p.parse_intermixed_args(argv)  # lets --dry-run come after key=value
+    from sagc_jax.hostmem import computes_on_cpu, keep_freed_memory
+
+    if computes_on_cpu():  # before JAX's threads exist: see hostmem's docstring
+        keep_freed_memory()
     from sagc_jax.config import ConfigError, load_config
 
     try:

@@ -10,11 +10,11 @@ prints both. The terms below follow what the compiled programs hold (measured on
   LoRA (``lora_elems``) AdamW state and gradients cover the float32 adapters only and the
   reference is the base itself (no copy);
 - train step: gradients at ``param_dtype`` (x2 with micro-batches: the accumulator and the
-  current micro-batch's), the compute-dtype weight copy each forward makes (and the
-  ``model.matmul_dtype`` copy the backward keeps, when that differs), f32 logits of a
-  micro-batch x2 (value and gradient) and activations (residual stream per layer + one layer's
-  intermediates with ``model.remat``; every layer's intermediates incl. the seq^2 attention
-  scores without);
+  current micro-batch's), the compute-dtype weight copy each forward makes (the backward of
+  ``model.matmul_dtype`` matmuls re-rounds the compute-dtype operands it keeps anyway: no copy
+  of its own), f32 logits of a micro-batch x2 (value and gradient) and activations (residual
+  stream per layer + one layer's intermediates with ``model.remat``; every layer's
+  intermediates incl. the seq^2 attention scores without);
 - sampling: the KV cache x2 (decode carries a copy through its loop), the weight copy decode
   reads (``model.matmul_dtype``, else the compute dtype; none when it is the storage dtype)
   and the f32 decode logits x2 (logits and log-softmax).
@@ -96,7 +96,6 @@ def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]
         ref = params if x.beta > 0 else 0
     mm = jnp.dtype(m.matmul_dtype or m.dtype).itemsize  # `model.matmul_dtype`
     copy = x.param_elems * comp if comp != store else 0
-    copy += x.param_elems * mm if mm != comp else 0  # the backward's matmul-dtype residuals
     dec_copy = x.param_elems * mm if mm != store else 0
     mb = min(x.micro_batch_rows, x.train_rows)
     mb_dev = math.ceil(mb / x.batch_shards) if mb % x.batch_shards == 0 else mb

@@ -83,7 +83,8 @@ def test_cpu_smoke_train_is_packed_and_sane(smoke):
     assert t["chunks"] and all(c == 4 for c in t["chunks"]) and t["remat"] is True
     assert 0 < t["token_util"] <= 1 and t["finite"] is True and np.isfinite(t["loss"])
     assert t["rows"] == 8 and t["group_size"] == 4 and t["dtype"] == "bfloat16"
-    assert t["tokens_per_s"] == pytest.approx(t["real_tokens"] / t["step_s"])
+    assert t["tokens_per_s"] == pytest.approx(t["seq_tokens"] / t["step_s"])
+    assert t["real_tokens"] < t["seq_tokens"]  # a group's prompt computed once per row
     assert 0 < t["mfu"] < t["hfu_with_remat"] < 1
     assert t["step_s"] > 0 and t["compile_s"] > 0 and len(t["step_s_all"]) == 2
 
@@ -166,15 +167,24 @@ def test_decode_bytes_count_the_prompt_once_per_prompt():
     assert per_row / b["bytes_per_step"] == pytest.approx(1.14, abs=0.01)
 
 
-def test_train_flops_counts_matmuls_and_causal_attention():
+def test_train_flops_count_the_layout_as_computed():
+    """A lone sequence of n slots: n real slots, ~n^2 / 2 attended pairs; one prompt shared by
+    two completions: the prompt's slots and pairs once, siblings never attend to each other."""
     cfg = gpu_steps.bench_config(True)[1]
-    p = gpu_steps.matmul_params(cfg)
+    lp = gpu_steps.layer_params(cfg)
     h, d, L = cfg.hidden_size, cfg.head_dim, cfg.num_layers
-    assert p == L * (h * d * 2 * (cfg.num_heads + cfg.num_kv_heads)
-                     + 3 * h * cfg.intermediate_size) + cfg.vocab_size * h
+    assert lp == L * (h * d * 2 * (cfg.num_heads + cfg.num_kv_heads)
+                      + 3 * h * cfg.intermediate_size)
     q_dim = cfg.num_heads * d
-    assert gpu_steps.train_flops(cfg, np.array([10, 20])) == pytest.approx(
-        6 * p * 30 + 6 * L * q_dim * (100 + 400))
+    lone = {"segment_ids": np.array([[1] * 10 + [0] * 6]), "branch_ids": np.zeros((1, 16), int),
+            "head_slots": np.array([[6, 7, 8, 9, 0]])}
+    assert gpu_steps.attended_pairs(lone["segment_ids"], lone["branch_ids"]) == 55
+    assert gpu_steps.train_flops(cfg, [lone]) == pytest.approx(
+        6 * lp * 10 + 6 * cfg.vocab_size * h * 4 + 12 * L * q_dim * 55)
+    # prompt of 4 slots, completions of 3 and 2 own slots
+    seg = np.array([[1] * 9 + [0]])
+    br = np.array([[0] * 4 + [1] * 3 + [2] * 2 + [0]])
+    assert gpu_steps.attended_pairs(seg, br) == 10 + (4 * 3 + 6) + (4 * 2 + 3)  # no padding
 
 
 def test_fit_time_model_recovers_a_linear_model():

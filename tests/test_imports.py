@@ -19,7 +19,7 @@ PKG = ROOT / "sagc_jax"
 #: Layers, lowest first: a module or package (dotted, under ``sagc_jax``) per entry. A module
 #: belongs to the longest entry that prefixes it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "checksum", "runlock", "fakepod"),
+    ("errors", "checksum", "runlock", "fakepod", "hostmem"),
     ("config",),
     ("parallel", "hosts", "shapes", "optim", "models", "memory_estimate", "metrics", "plots"),
     ("sagc", "data", "sampling", "rl", "checkpoint"),

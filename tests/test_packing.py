@@ -12,7 +12,7 @@ from flax import nnx
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.packing import first_fit_decreasing, pack_batch, plan_packing, split_rows
+from sagc_jax.rl.packing import first_fit_shared, pack_batch, plan_packing, split_rows
 from sagc_jax.rl.train_step import LossSettings, completion_logprobs, make_train_step
 from sagc_jax.sampling import compile_count
 from sagc_jax.train.packed import PackedSteps
@@ -27,12 +27,14 @@ S = P * G_MAX
 
 def _batch(seed: int, g: int = G_MAX) -> dict[str, np.ndarray]:
     """A ragged rollout batch: prompt lengths 1..LP, completion lengths 0..N, one dropped group
-    (valid False) and a few truncated rows left out of the loss (DAPO masking)."""
+    (valid False) and a few truncated rows left out of the loss (DAPO masking). Each group's
+    rows share their prompt, except the last group's (distinct prompts of one length)."""
     rng = np.random.default_rng(seed)
     rows = P * g
     prompt_lens = rng.integers(1, LP + 1, P).repeat(g)
     lengths = rng.integers(0, N + 1, rows).astype(np.int32)
     tokens = rng.integers(3, CFG.vocab_size, (rows, LP + N)).astype(np.int32)
+    tokens[:-g, :LP] = tokens[:-g:g, :LP].repeat(g, 0)
     valid = np.ones(rows, bool)
     valid[g:2 * g] = False
     truncated = (lengths == N) & (rng.random(rows) < 0.5)
@@ -47,18 +49,45 @@ def _batch(seed: int, g: int = G_MAX) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------ the host plan
-def test_first_fit_decreasing_is_a_valid_packing():
+def test_first_fit_shared_without_sharing_is_first_fit_decreasing():
     rng = np.random.default_rng(0)
     sizes = rng.integers(1, 41, 200)
-    row, col, rows = first_fit_decreasing(sizes, 40)
+    zero = np.zeros_like(sizes)
+    where, rows = first_fit_shared(np.arange(200), sizes, zero, zero, 40)
     assert rows >= -(-sizes.sum() // 40)
     assert rows <= -(-sizes.sum() // 40) * 11 // 9 + 1  # FFD's 11/9 OPT + 1 bound
     used = np.zeros((rows, 40), int)
-    for r, c, n in zip(row, col, sizes):
+    for r, c, n in zip(where["row"], where["pcol"], sizes):
         used[r, c:c + n] += 1
     assert used.max() == 1 and used.sum() == sizes.sum()  # in bounds, no overlap
-    with pytest.raises(ValueError, match=r"fit|sizes"):
-        first_fit_decreasing(np.array([41]), 40)
+    assert first_fit_shared(np.arange(200), sizes, zero, sizes, 40)[1] == rows  # loads: no cap
+    with pytest.raises(ValueError, match="first_fit_shared"):
+        first_fit_shared(np.array([0]), np.array([41]), np.array([0]), np.array([0]), 40)
+
+
+def test_first_fit_shared_places_each_prompt_once_per_row():
+    """Two prompts of 6 slots with 5 completions each (own slots 1..5, loads own + 1): each row
+    holds a prompt once, before the completions that read it, and nothing overlaps."""
+    ids = np.repeat([0, 1], 5)
+    p, own = np.full(10, 6), np.tile(np.arange(1, 6), 2)
+    where, rows = first_fit_shared(ids, p, own, own + 1, 20, 12)
+    _, unshared = first_fit_shared(np.arange(10), p, own, own + 1, 20, 12)
+    assert rows == 4 < unshared == 5
+    used = np.zeros((rows, 20), int)
+    units = {}
+    for i in range(10):
+        r, c, a = where["row"][i], where["col"][i], where["pcol"][i]
+        assert a + p[i] <= c  # the prompt precedes its completion
+        units.setdefault((r, a), set()).add(ids[i])
+        used[r, c:c + own[i]] += 1
+    for (r, a), key in units.items():
+        assert len(key) == 1
+        used[r, a:a + 6] += 1
+    assert used.max() == 1 and used.sum() == 30 + 6 * len(units) and len(units) == 6
+    for r in range(rows):
+        in_row = where["row"] == r
+        assert (own + 1)[in_row].sum() <= 12
+        assert len(set(where["branch"][in_row])) == in_row.sum()  # row-unique completion ids
 
 
 @pytest.mark.parametrize("rows", [0, 1, 5, 13, 32, 33])
@@ -76,25 +105,35 @@ def test_pack_batch_layout():
     np.testing.assert_array_equal(plan.packed, include)
     assert (seqs["chunk"][:len(include)][~include] == -1).all() and (seqs["chunk"][16:] == -1).all()
     p = LP - b["prompt_pad"]
-    assert plan.real_tokens == int((p + b["lengths"] - 1)[include].sum())
+    own = (b["lengths"] - 1)[include].sum()
+    assert own + p[include].min() <= plan.real_tokens < int((p + b["lengths"] - 1)[include].sum())
     assert plan.computed_tokens == sum(c["tokens"].size for c in chunks)
+    shared = 0
     for s in np.flatnonzero(include):
         ch = chunks[plan.chunk[s]]
-        r, a, n = plan.row[s], plan.col[s], p[s] + b["lengths"][s] - 1
-        seq = np.concatenate([b["tokens"][s, b["prompt_pad"][s]:LP],
-                              b["tokens"][s, LP:LP + b["lengths"][s]]])
-        np.testing.assert_array_equal(ch["tokens"][r, a:a + n], seq[:-1])
-        np.testing.assert_array_equal(ch["targets"][r, a:a + n], seq[1:])
-        np.testing.assert_array_equal(ch["positions"][r, a:a + n], np.arange(n))
-        seg = ch["segment_ids"][r, a:a + n]
+        r, a, col, ln = plan.row[s], plan.pcol[s], plan.col[s], b["lengths"][s]
+        prompt = b["tokens"][s, b["prompt_pad"][s]:LP]
+        comp = b["tokens"][s, LP:LP + ln]
+        np.testing.assert_array_equal(ch["tokens"][r, a:a + p[s]], prompt)
+        np.testing.assert_array_equal(ch["tokens"][r, col:col + ln - 1], comp[:-1])
+        np.testing.assert_array_equal(ch["positions"][r, a:a + p[s]], np.arange(p[s]))
+        np.testing.assert_array_equal(ch["positions"][r, col:col + ln - 1],
+                                      p[s] + np.arange(ln - 1))
+        seg = np.concatenate([ch["segment_ids"][r, a:a + p[s]],
+                              ch["segment_ids"][r, col:col + ln - 1]])
         assert seg.min() == seg.max() > 0
-        # the completion's first token is the target at `start`
-        assert ch["targets"][r, plan.start[s]] == b["tokens"][s, LP]
-        # its scored slots are listed in the row's `head_slots` from `hstart` on
-        ln, h = b["lengths"][s], plan.hstart[s]
-        np.testing.assert_array_equal(ch["head_slots"][r, h:h + ln], plan.start[s] + np.arange(ln))
+        assert (ch["branch_ids"][r, a:a + p[s]] == 0).all()
+        assert (ch["branch_ids"][r, col:col + ln - 1] == plan.branch[s]).all()
+        # its scored slots, listed from `hstart` on: the prompt's last slot, then its own slots
+        h = plan.hstart[s]
+        np.testing.assert_array_equal(ch["head_slots"][r, h:h + ln],
+                                      np.concatenate([[a + p[s] - 1], col + np.arange(ln - 1)]))
+        np.testing.assert_array_equal(ch["head_targets"][r, h:h + ln], comp)
+        sib = include & (plan.chunk == plan.chunk[s]) & (plan.row == r) & (plan.pcol == a)
+        shared += sib.sum() > 1
+    assert shared > 0  # some rows hold one prompt for several completions
     for c in chunks:  # no row scores more than the cap (= completion_len)
-        assert c["head_slots"].shape == (len(c["tokens"]), N)
+        assert c["head_slots"].shape == c["head_targets"].shape == (len(c["tokens"]), N)
 
 
 def test_rows_hold_at_most_loss_cap_scored_slots():
@@ -137,6 +176,25 @@ def test_packed_forward_matches_per_sequence_forward():
         alone = np.asarray(model(s[None]))
         np.testing.assert_allclose(packed[0, a:a + len(s)], alone[0], atol=1e-5, rtol=1e-5)
         a += len(s)
+
+
+def test_shared_prompt_forward_matches_per_sequence_forward():
+    """One prompt, two completions after it (branch ids): each completion's logits and the
+    prompt's equal those of prompt + completion run alone; siblings never see each other."""
+    model = Transformer(CFG, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(3, CFG.vocab_size, 5).astype(np.int32)
+    comps = [rng.integers(3, CFG.vocab_size, n).astype(np.int32) for n in (4, 6)]
+    tokens = np.zeros((1, 16), np.int32)
+    tokens[0, :5], tokens[0, 5:9], tokens[0, 9:15] = prompt, comps[0], comps[1]
+    pos = np.concatenate([np.arange(5), 5 + np.arange(4), 5 + np.arange(6), [0]])[None]
+    seg = np.array([[1] * 15 + [0]])
+    branch = np.array([[0] * 5 + [1] * 4 + [2] * 6 + [0]])
+    packed = np.asarray(model(tokens, positions=pos, segment_ids=seg, branch_ids=branch))
+    for c, a in zip(comps, (5, 9)):
+        alone = np.asarray(model(np.concatenate([prompt, c])[None]))
+        np.testing.assert_allclose(packed[0, :5], alone[0, :5], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(packed[0, a:a + len(c)], alone[0, 5:], atol=1e-5, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ the update

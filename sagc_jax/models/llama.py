@@ -13,6 +13,8 @@ Call contract:
 - `model(ids, positions=..., segment_ids=...)`: packed input (full-sequence forward only, no
   cache): several sequences share a row; segment_ids [B, T] int labels each slot's sequence
   (0 = padding) and attention never crosses segments; positions restart per sequence.
+  With `branch_ids=...` [B, T] several completions share one prompt's slots in a segment
+  (0 on the prompt, a row-unique id per completion; siblings never see each other).
 - `model(ids, positions=..., kv_mask=..., cache=cache, cache_index=i)`: writes the T new keys/values
   at slots [i, i+T) of the cache and attends to every slot j <= i+t with kv_mask[b, j] True;
   kv_mask is [B, S] over cache slots. Returns (logits, new_cache).
@@ -153,15 +155,22 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax
     return out.reshape(B, T, N * D)
 
 
-def _segment_mask(segment_ids: jax.Array, cache: KVCache | None) -> jax.Array:
-    """[B, T, T] True where query and key slots hold the same packed sequence.
+def _segment_mask(segment_ids: jax.Array, branch_ids: jax.Array | None,
+                  cache: KVCache | None) -> jax.Array:
+    """[B, T, T] True where the key slot is visible to the query slot's packed sequence: same
+    segment and, with `branch_ids`, the key on the shared prompt (branch 0) or on the query's
+    own branch (sibling completions of one prompt never see each other).
 
     Padding (id 0) attends to padding only, so no query row is fully masked.
     """
     if cache is not None:
         raise ValueError("Transformer: segment_ids (packed sequences) is for the full-sequence "
                          "forward; it cannot be combined with a KV cache")
-    return segment_ids[:, :, None] == segment_ids[:, None, :]
+    mask = segment_ids[:, :, None] == segment_ids[:, None, :]
+    if branch_ids is not None:
+        key = branch_ids[:, None, :]
+        mask = mask & ((key == 0) | (key == branch_ids[:, :, None]))
+    return mask
 
 
 class Transformer(nnx.Module):
@@ -191,13 +200,16 @@ class Transformer(nnx.Module):
         rows_sharding: jax.sharding.Sharding | None = None,
         return_kv: bool = False,
         segment_ids: jax.Array | None = None,
+        branch_ids: jax.Array | None = None,
         logits_at: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache] | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """`rows_sharding` (train step under FSDP): the embedded [B*T, H] rows' sharding.
         The lookup otherwise comes out sharded on H like the embedding, and GSPMD keeps every
         activation whole on each device (gathering activations, all-reducing partial sums: full
         logits per device); pinned rows make it gather each layer's weights instead.
-        `segment_ids` [B, T] (packed training rows): attention stays inside a segment.
+        `segment_ids` [B, T] (packed training rows): attention stays inside a segment;
+        `branch_ids` [B, T] (optional, with it): 0 on a shared prompt's slots, a row-unique id on
+        each completion's, which sees the prompt and itself only (`rl.packing`).
         `logits_at` [B, K] int (no cache): logits of those slots only, [B, K, V] (the packed
         train step's scored slots; the LM head and vocab softmax skip the prompt slots)."""
         cfg = self.cfg
@@ -211,7 +223,7 @@ class Transformer(nnx.Module):
             kv_mask = jnp.ones((B, S), bool)
         mask = (jnp.arange(S)[None, None, :] <= q_slots[None, :, None]) & kv_mask[:, None, :]
         if segment_ids is not None:
-            mask = mask & _segment_mask(segment_ids, cache)
+            mask = mask & _segment_mask(segment_ids, branch_ids, cache)
 
         inv_freq = inv_frequencies(cfg)
         x = jnp.take(self.embed[...], input_ids.reshape(-1), axis=0).astype(dt)  # [B*T, H]

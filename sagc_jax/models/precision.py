@@ -42,15 +42,19 @@ def _mixed(x: jax.Array, w: jax.Array, dtype: str, w_t: bool, out_dtype: str) ->
 def _mixed_fwd(x, w, dtype, w_t, out_dtype):
     xc, wc = x.astype(dtype), w.astype(dtype)
     y = _dot(xc, row_major_t(wc) if w_t else wc).astype(out_dtype)
-    return y, (xc, wc, jnp.zeros((), x.dtype), jnp.zeros((), w.dtype))
+    return y, (x, w)
 
 
 def _mixed_bwd(dtype, w_t, out_dtype, res, g):
-    xc, wc, x0, w0 = res  # x0, w0: zero-size carriers of the primals' dtypes
-    gc = g.astype(dtype)
-    dx = _dot(gc, wc if w_t else row_major_t(wc)).astype(x0.dtype)
+    # The primals are the residuals, rounded again here: under `scan`, a weight residual is the
+    # layer's own slice (no copy) and an activation one is what the layer saves anyway; saving
+    # the bf16 copies instead made XLA convert every stacked copy back to f32 before the
+    # backward loop (~3 s of a 12 s chunk gradient, benchmarks/README.md).
+    x, w = res
+    xc, wc, gc = x.astype(dtype), w.astype(dtype), g.astype(dtype)
+    dx = _dot(gc, wc if w_t else row_major_t(wc)).astype(x.dtype)
     dw = _dot(row_major_t(xc), gc)  # [in, out]
-    return dx, (row_major_t(dw) if w_t else dw).astype(w0.dtype)
+    return dx, (row_major_t(dw) if w_t else dw).astype(w.dtype)
 
 
 _mixed.defvjp(_mixed_fwd, _mixed_bwd)

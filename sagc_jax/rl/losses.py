@@ -154,14 +154,18 @@ def token_logprobs_and_entropy(
     if isinstance(temperature, (int, float)) and temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     scaled = logits.astype(jnp.float32) / temperature
-    lse = jax.nn.logsumexp(scaled, axis=-1)
+    # logsumexp written out so the entropy reuses its exponentials: with an exp of its own
+    # inside the reduction, XLA:CPU's fused exp-multiply-sum ran at ~20 M elements/s (1.6-2.5 s
+    # of a 4-row SmolLM2 chunk gradient, benchmarks/README.md).
+    top = jax.lax.stop_gradient(scaled.max(axis=-1, keepdims=True))
+    e = jnp.exp(scaled - top)
+    total = e.sum(-1)
+    lse = top[..., 0] + jnp.log(total)
     picked = jnp.take_along_axis(scaled, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     ent = None
     if entropy:
-        z = jax.lax.stop_gradient(scaled)
-        lse_sg = jax.lax.stop_gradient(lse)
-        # H = lse − Σ p·z with p = exp(z − lse): one more pass over [R, T, V], no log p tensor.
-        ent = lse_sg - (jnp.exp(z - lse_sg[..., None]) * z).sum(-1)
+        # H = lse − Σ p·z with p = e / total: no second exp pass, no log p tensor.
+        ent = jax.lax.stop_gradient(lse - (e * scaled).sum(-1) / total)
     return picked - lse, ent
 
 

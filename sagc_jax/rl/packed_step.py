@@ -43,9 +43,10 @@ SEQ_FIELDS = {
 }
 SEQ_FLOAT = ("old_logprobs", "ref_logprobs", "rewards", "entropy")
 SEQ_BOOL = ("loss_rows", "valid")
-# Packed arrays of one chunk, int32 [chunk rows, pack_len] (`head_slots`: [chunk rows, loss_cap],
-# the scored slots of each row, `rl.packing`).
-CHUNK_FIELDS = ("tokens", "targets", "positions", "segment_ids", "head_slots")
+# Packed arrays of one chunk, int32 [chunk rows, pack_len]; `head_slots` / `head_targets`:
+# [chunk rows, loss_cap], each row's scored slots and the tokens they score (`rl.packing`).
+CHUNK_FIELDS = ("tokens", "positions", "segment_ids", "branch_ids", "head_slots", "head_targets")
+HEAD_FIELDS = ("head_slots", "head_targets")
 SUM_METRICS = ("loss", *METRICS)
 
 
@@ -55,11 +56,11 @@ def packed_logprobs(graphdef: nnx.GraphDef, params: Any, chunk: dict[str, jax.Ar
     """(log-prob, entropy or None) [rows, loss_cap] of the target of each scored slot
     (`head_slots`) under softmax(logits / temperature): the LM head runs on those slots only."""
     model = nnx.merge(graphdef, params)
-    at = chunk["head_slots"]
     logits = model(chunk["tokens"], positions=chunk["positions"],
-                   segment_ids=chunk["segment_ids"], logits_at=at)
-    targets = jnp.take_along_axis(chunk["targets"], at, axis=1)
-    return token_logprobs_and_entropy(logits, targets, temperature, entropy=entropy)
+                   segment_ids=chunk["segment_ids"], branch_ids=chunk["branch_ids"],
+                   logits_at=chunk["head_slots"])
+    return token_logprobs_and_entropy(logits, chunk["head_targets"], temperature,
+                                      entropy=entropy)
 
 
 def _scored_mask_and_norms(seqs: dict[str, jax.Array]

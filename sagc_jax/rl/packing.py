@@ -1,25 +1,31 @@
-"""Sequence packing for the train step: several (prompt + completion) sequences per row.
+"""Sequence packing for the train step: several sequences per row, each prompt once per row.
 
-The unpacked layout pads every row to `prompt bucket + completion bucket`, so one long completion
-makes every row long. Packed, each sequence takes only the slots it needs: its prompt and
-completion minus the last token (which predicts nothing we score), placed first-fit-decreasing
-into rows of `pack_len` slots. Rows are then run in chunks whose sizes come from a small declared
-set (`chunk_sizes`), so the compiled shapes never change.
+The unpacked layout pads every row to `prompt bucket + completion bucket` (one long completion
+makes every row long) and repeats a group's prompt G times. Packed, a row holds *units*: one
+prompt, then completions of it (each placed at the row's end, so siblings need not be adjacent).
+A completion attends to its unit's prompt and to its own slots, never to a sibling's: its logits
+are those of its sequence run alone, while the prompt's forward, the same for every row of a
+group, runs once per row instead of once per completion. Its gradient is then the sum over the
+completions that read it, as the unpacked step's is over the copies. Completions share a unit
+when their prompt ids are equal (`pack_batch`: equal token ids).
 
-Packed layout of one chunk (all int32 [rows, pack_len]):
-    tokens       input ids; sequence s occupies slots [col_s, col_s + n_s), n_s = p_s + l_s - 1
-    targets      next token of the same sequence (what each slot's logits score)
-    positions    0 .. n_s - 1 per sequence (RoPE restarts)
-    segment_ids  1, 2, ... per sequence within a row; 0 on padding (attention stays inside one id)
+Packed layout of one chunk (int32 [rows, pack_len]):
+    tokens       a unit's prompt (p ids) at [pcol_s, pcol_s + p); completion s's first l_s - 1
+                 ids at [col_s, col_s + l_s - 1) (its last id predicts nothing we score)
+    positions    0 .. p - 1 on the prompt, p .. p + l_s - 2 on the completion (RoPE as unpacked)
+    segment_ids  1, 2, ... per unit within a row; 0 on padding (attention stays inside one id)
+    branch_ids   0 on prompt slots and padding, 1, 2, ... per completion within a row: a slot
+                 sees the earlier slots of its segment whose branch is 0 or its own
 
-The completion token t of sequence s is scored at slot `start_s + t`, `start_s = col_s + p_s - 1`,
-in row `row_s` of chunk `chunk_s`. Only those slots need logits (the LM head and the vocab softmax
-are ~a quarter of the forward, and prompt slots are often half a row), so each row also lists its
-scored slots, compacted: `head_slots` [rows, loss_cap] (int32; sequences in column order, 0 past
-the end), where sequence s's first one sits at `hstart_s`. Rows are packed so that none holds more
-than `loss_cap` scored slots, which gives that gather a static size. `unpack` gathers per-slot (or
-per-listed-slot) values back to the per-sequence `[S, N]` layout the losses take, so packing
-changes where a token sits, never the loss.
+Completion token t of sequence s is scored (predicted) at slot pcol_s + p - 1 for t = 0 and at
+col_s + t - 1 after: only those slots need logits (the LM head and vocab softmax are ~a quarter of
+the forward, prompts often half a row). So each row lists its scored slots, compacted:
+`head_slots` [rows, loss_cap] and the token each one scores, `head_targets` (sequences in
+placement order, 0 past the end; sequence s's first at `hstart_s`; a prompt's last slot appears
+once per completion of its unit). Rows are packed so that none holds more than `loss_cap` scored
+slots, which gives that gather a static size. `unpack` gathers per-listed-slot values back to
+the per-sequence `[S, N]` layout the losses take, so packing changes where a token is computed,
+never the loss.
 
 Only sequences that carry loss (completion length > 0 and `loss_rows`) are packed: the others'
 log-probs are masked out of every loss term and metric, so computing them would be waste.
@@ -42,14 +48,15 @@ class PackPlan:
     Attributes:
       chunks: row count of each chunk, in run order (each one of the declared chunk sizes).
       pack_len: slots per row.
-      chunk / row / start: the sequence's chunk, its row inside the chunk, and the slot whose
-        logits score its first completion token; chunk -1 (row, start 0) for sequences not
-        packed (`packed` False), so a per-chunk mask `chunk == i` never selects them.
-      col: first slot of the sequence in its row.
+      chunk / row: the sequence's chunk and its row inside the chunk; chunk -1 (row 0) for
+        sequences not packed (`packed` False), so a per-chunk mask `chunk == i` never selects
+        them.
+      col / pcol: first slot of the completion's own ids / of its unit's prompt, in its row.
+      segment / branch: its unit's and its own id within the row (`segment_ids`, `branch_ids`).
       hstart: index of the sequence's first scored slot in its row's `head_slots`.
       loss_cap: scored slots a row may hold (the width of `head_slots`).
       packed: True for sequences placed in the layout.
-      real_tokens: slots holding a packed sequence (Σ n_s).
+      real_tokens: slots holding a token (each unit's prompt once, plus Σ (l_s - 1)).
     """
 
     chunks: tuple[int, ...]
@@ -57,10 +64,12 @@ class PackPlan:
     chunk: np.ndarray
     row: np.ndarray
     col: np.ndarray
-    start: np.ndarray
+    pcol: np.ndarray
+    segment: np.ndarray
+    branch: np.ndarray
+    hstart: np.ndarray
     packed: np.ndarray
     real_tokens: int
-    hstart: np.ndarray
     loss_cap: int
 
     @property
@@ -74,38 +83,63 @@ class PackPlan:
         return self.real_tokens / self.computed_tokens if self.chunks else 1.0
 
 
-def first_fit_decreasing(sizes: np.ndarray, capacity: int, loads: np.ndarray | None = None,
-                         load_capacity: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-    """Bin-packs item `sizes` [S] (each in [1, capacity]) into rows of `capacity` slots; with
-    `loads` [S] (each <= `load_capacity`), a row's summed loads also stay <= `load_capacity`.
+@dataclasses.dataclass
+class _Row:
+    fill: int = 0  # slots used
+    load: int = 0  # scored slots used
+    units: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)  # id: pcol, seg
+    branches: int = 0
 
-    Returns (row [S], col [S], rows used); items are placed longest first, each into the first
-    row with room, at that row's current end. Deterministic (stable sort on -size).
+
+def first_fit_shared(prompt_ids: np.ndarray, prompt_lens: np.ndarray, own: np.ndarray,
+                     loads: np.ndarray, capacity: int, load_capacity: int | None = None
+                     ) -> tuple[dict[str, np.ndarray], int]:
+    """Bin-packs S completions into rows of `capacity` slots, each prompt placed once per row.
+
+    Completion s takes `own[s]` slots and `loads[s]` of a row's `load_capacity` (default: no
+    limit); its prompt (`prompt_ids[s]`, `prompt_lens[s]` >= 1 slots) must sit in the same row
+    before it. Longest first (prompt + own, stable sort), each completion goes to the first row
+    that holds its prompt and has room for `own`, else to the first with room for prompt + own
+    (the prompt placed first), else to a new row; slots are taken at the row's end. With every
+    prompt id distinct this is first-fit-decreasing on prompt + own. Deterministic.
+
+    Returns ({row, col, pcol, segment, branch, hstart}: int32 [S], rows used): col / pcol the
+    first own / prompt slot, segment / branch the unit's / completion's id (1, 2, ...) and hstart
+    the load used before it in its row.
     """
-    sizes = np.asarray(sizes, np.int64)
-    if sizes.size and (sizes.min() < 1 or sizes.max() > capacity):
-        raise ValueError(f"first_fit_decreasing: item sizes must lie in [1, {capacity}], got "
-                         f"{sizes.min()}..{sizes.max()}")
-    loads = np.zeros_like(sizes) if loads is None else np.asarray(loads, np.int64)
-    cap2 = int(loads.max(initial=0)) if load_capacity is None else load_capacity
-    if loads.size and loads.max() > cap2:
-        raise ValueError(f"first_fit_decreasing: an item's load {loads.max()} exceeds "
-                         f"load_capacity {cap2}")
-    row = np.zeros(sizes.shape, np.int32)
-    col = np.zeros(sizes.shape, np.int32)
-    fill: list[int] = []
-    fill2: list[int] = []
-    for i in np.argsort(-sizes, kind="stable"):
-        n, m = int(sizes[i]), int(loads[i])
-        r = next((j for j, used in enumerate(fill)
-                  if used + n <= capacity and fill2[j] + m <= cap2), len(fill))
-        if r == len(fill):
-            fill.append(0)
-            fill2.append(0)
-        row[i], col[i] = r, fill[r]
-        fill[r] += n
-        fill2[r] += m
-    return row, col, len(fill)
+    p, n = np.asarray(prompt_lens, np.int64), np.asarray(own, np.int64)
+    m = np.asarray(loads, np.int64)
+    cap2 = int(m.sum()) if load_capacity is None else int(load_capacity)
+    if p.size and (p.min() < 1 or n.min() < 0 or (p + n).max() > capacity):
+        raise ValueError(f"first_fit_shared: every prompt + own slots must lie in "
+                         f"[1, {capacity}], got {(p + n).min()}..{(p + n).max()}")
+    if m.size and m.max() > cap2:
+        raise ValueError(f"first_fit_shared: a load of {m.max()} exceeds load_capacity {cap2}")
+    out = {k: np.zeros(p.shape, np.int32)
+           for k in ("row", "col", "pcol", "segment", "branch", "hstart")}
+    rows: list[_Row] = []
+
+    def room(r: _Row, slots: int, load: int) -> bool:
+        return r.fill + slots <= capacity and r.load + load <= cap2
+
+    for i in np.argsort(-(p + n), kind="stable"):
+        key = int(prompt_ids[i])
+        j = next((j for j, r in enumerate(rows) if key in r.units and room(r, n[i], m[i])), None)
+        if j is None:  # a new unit: the prompt first
+            j = next((j for j, r in enumerate(rows) if room(r, p[i] + n[i], m[i])), len(rows))
+            if j == len(rows):
+                rows.append(_Row())
+            r = rows[j]
+            r.units[key] = (r.fill, len(r.units) + 1)
+            r.fill += int(p[i])
+        r = rows[j]
+        r.branches += 1
+        out["row"][i], out["col"][i], out["hstart"][i] = j, r.fill, r.load
+        out["pcol"][i], out["segment"][i] = r.units[key]
+        out["branch"][i] = r.branches
+        r.fill += int(n[i])
+        r.load += int(m[i])
+    return out, len(rows)
 
 
 def split_rows(rows: int, chunk_sizes: Sequence[int]) -> tuple[int, ...]:
@@ -122,8 +156,8 @@ def split_rows(rows: int, chunk_sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarray, *,
-                 pack_len: int, chunk_sizes: Sequence[int],
-                 loss_cap: int | None = None) -> PackPlan:
+                 pack_len: int, chunk_sizes: Sequence[int], loss_cap: int | None = None,
+                 prompt_ids: np.ndarray | None = None) -> PackPlan:
     """The pack plan of S sequences.
 
     Args:
@@ -133,64 +167,64 @@ def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarr
       pack_len: slots per row; every included p_s + l_s - 1 must fit.
       chunk_sizes: the declared chunk row counts.
       loss_cap: scored (completion) slots a row may hold, >= every l_s; None = pack_len.
+      prompt_ids: int [S]; sequences with equal ids have the same prompt (may share its slots).
+        None = all distinct (no sharing).
     """
     p = np.asarray(prompt_lens, np.int64)
-    n = p + np.asarray(lengths, np.int64) - 1
-    packed = np.asarray(include, bool) & (np.asarray(lengths) > 0)
-    if packed.any() and (p[packed].min() < 1 or n[packed].max() > pack_len):
-        raise ValueError(f"plan_packing: a sequence of {int(n[packed].max())} slots does not "
-                         f"fit pack_len {pack_len} (or a prompt is empty)")
-    idx = np.flatnonzero(packed)
     ls = np.asarray(lengths, np.int64)
+    packed = np.asarray(include, bool) & (ls > 0)
+    if packed.any() and (p[packed].min() < 1 or (p + ls - 1)[packed].max() > pack_len):
+        raise ValueError(f"plan_packing: a sequence of {int((p + ls - 1)[packed].max())} slots "
+                         f"does not fit pack_len {pack_len} (or a prompt is empty)")
+    S = len(p)
+    ids = np.arange(S) if prompt_ids is None else np.asarray(prompt_ids)
+    idx = np.flatnonzero(packed)
     cap = pack_len if loss_cap is None else int(loss_cap)
-    row_g, col, rows = first_fit_decreasing(n[idx], pack_len, ls[idx], cap)
+    where, rows = first_fit_shared(ids[idx], p[idx], ls[idx] - 1, ls[idx], pack_len, cap)
     chunks = split_rows(rows, chunk_sizes) if rows else ()
     bounds = np.cumsum((0, *chunks))  # first global row of each chunk
-    S = len(p)
+    per_seq = {k: np.zeros(S, np.int32) for k in where}
+    for k, v in where.items():
+        per_seq[k][idx] = v
     chunk = np.full(S, -1, np.int32)
-    row = np.zeros(S, np.int32)
-    cols = np.zeros(S, np.int32)
-    c_of = np.searchsorted(bounds, row_g, side="right") - 1
+    c_of = np.searchsorted(bounds, where["row"], side="right") - 1
     chunk[idx] = c_of
-    row[idx] = row_g - bounds[c_of]
-    cols[idx] = col
-    start = np.where(packed, cols + p - 1, 0).astype(np.int32)
-    # A sequence's scored slots follow those of the sequences left of it in its row.
-    hstart = np.zeros(S, np.int32)
-    for k, s in enumerate(idx):
-        left = (row_g == row_g[k]) & (col < col[k])
-        hstart[s] = ls[idx[left]].sum()
-    return PackPlan(chunks, pack_len, chunk, row, cols, start, packed, int(n[packed].sum()),
-                    hstart, cap)
+    per_seq["row"][idx] = where["row"] - bounds[c_of]
+    units = {(r, s): int(q) for r, s, q in zip(where["row"], where["segment"], p[idx])}
+    real = sum(units.values()) + int((ls[idx] - 1).sum())
+    return PackPlan(chunks, pack_len, chunk, per_seq["row"], per_seq["col"], per_seq["pcol"],
+                    per_seq["segment"], per_seq["branch"], per_seq["hstart"], packed, real, cap)
 
 
 def pack_chunks(plan: PackPlan, prompts: Sequence[np.ndarray], completions: np.ndarray,
                 lengths: np.ndarray, pad_id: int) -> list[dict[str, np.ndarray]]:
-    """Per-chunk packed arrays (`tokens`, `targets`, `positions`, `segment_ids`, int32
-    [chunk rows, pack_len], and `head_slots` [chunk rows, loss_cap]) of the plan's sequences;
-    prompts[s] holds p_s ids, completions [S, >= max l] holds each completion's ids
-    (right-padded)."""
-    L = plan.pack_len
-    out = [{k: np.full((c, L), pad_id if k in ("tokens", "targets") else 0, np.int32)
-            for k in ("tokens", "targets", "positions", "segment_ids")} for c in plan.chunks]
-    for c, ch in zip(plan.chunks, out, strict=True):
-        ch["head_slots"] = np.zeros((c, plan.loss_cap), np.int32)
-    seg_next: dict[tuple[int, int], int] = {}
+    """Per-chunk packed arrays of the plan's sequences: `tokens`, `positions`, `segment_ids`,
+    `branch_ids` (int32 [chunk rows, pack_len]), `head_slots` and `head_targets` (int32
+    [chunk rows, loss_cap]); prompts[s] holds p_s ids, completions [S, >= max l] holds each
+    completion's ids (right-padded)."""
+    L, K = plan.pack_len, plan.loss_cap
+    out = []
+    for c in plan.chunks:
+        ch = {k: np.zeros((c, L), np.int32) for k in ("positions", "segment_ids", "branch_ids")}
+        ch["tokens"] = np.full((c, L), pad_id, np.int32)
+        ch["head_slots"] = np.zeros((c, K), np.int32)
+        ch["head_targets"] = np.full((c, K), pad_id, np.int32)
+        out.append(ch)
     for s in np.flatnonzero(plan.packed):
-        seq = np.concatenate([np.asarray(prompts[s], np.int32),
-                              np.asarray(completions[s, :lengths[s]], np.int32)])
-        c, r, a, m = int(plan.chunk[s]), int(plan.row[s]), int(plan.col[s]), len(seq) - 1
-        seg = seg_next.get((c, r), 1)
-        seg_next[(c, r)] = seg + 1
-        ch = out[c]
-        ch["tokens"][r, a:a + m] = seq[:-1]
-        ch["targets"][r, a:a + m] = seq[1:]
-        ch["positions"][r, a:a + m] = np.arange(m)
-        ch["segment_ids"][r, a:a + m] = seg
-        h, ln = int(plan.hstart[s]), int(lengths[s])
-        ch["head_slots"][r, h:h + ln] = plan.start[s] + np.arange(ln)
+        ch, r = out[plan.chunk[s]], int(plan.row[s])
+        prompt, p = np.asarray(prompts[s], np.int32), len(prompts[s])
+        comp, ln = np.asarray(completions[s, :lengths[s]], np.int32), int(lengths[s])
+        a, b, h = int(plan.pcol[s]), int(plan.col[s]), int(plan.hstart[s])
+        ch["tokens"][r, a:a + p] = prompt  # rewritten (same values) by each sibling in the row
+        ch["positions"][r, a:a + p] = np.arange(p)
+        ch["segment_ids"][r, a:a + p] = plan.segment[s]
+        ch["tokens"][r, b:b + ln - 1] = comp[:-1]
+        ch["positions"][r, b:b + ln - 1] = p + np.arange(ln - 1)
+        ch["segment_ids"][r, b:b + ln - 1] = plan.segment[s]
+        ch["branch_ids"][r, b:b + ln - 1] = plan.branch[s]
+        ch["head_slots"][r, h:h + ln] = np.concatenate([[a + p - 1], b + np.arange(ln - 1)])
+        ch["head_targets"][r, h:h + ln] = comp
     return out
-
 
 def unpack(values: jax.Array, row: jax.Array, start: jax.Array, n: int) -> jax.Array:
     """Per-slot packed values [rows, L] -> per-sequence [S, n]: out[s, t] = values[row_s,
@@ -203,7 +237,8 @@ def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, com
                pack_len: int, chunk_sizes: Sequence[int], pad_id: int
                ) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray], PackPlan]:
     """An unpacked host batch (`rl.train_step.BATCH_FIELDS`, tokens [R, Lp + n] with the prompt
-    left-padded to `prompt_len`) -> (packed chunks, per-sequence arrays, plan).
+    left-padded to `prompt_len`) -> (packed chunks, per-sequence arrays, plan). Rows with
+    equal prompt ids share their prompt's slots (see module doc).
 
     Per-sequence arrays are padded to `seqs` rows (invalid, no loss) and `completion_len`
     columns, so their shapes are the same every step; they carry `chunk`, `row` and
@@ -216,8 +251,10 @@ def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, com
     tokens, pad = arrays["tokens"], arrays["prompt_pad"]
     lengths = np.asarray(arrays["lengths"], np.int32)
     prompts = [tokens[r, pad[r]:prompt_len] for r in range(R)]
+    ids: dict[bytes, int] = {}  # equal prompt ids -> one prompt id (a group shares its prompt)
+    prompt_ids = np.array([ids.setdefault(q.tobytes(), len(ids)) for q in prompts], np.int64)
     plan = plan_packing(prompt_len - pad, lengths, arrays["loss_rows"], pack_len=pack_len,
-                        chunk_sizes=chunk_sizes, loss_cap=completion_len)
+                        chunk_sizes=chunk_sizes, loss_cap=completion_len, prompt_ids=prompt_ids)
     chunks = pack_chunks(plan, prompts, tokens[:, prompt_len:], lengths, pad_id)
 
     def padded(x: np.ndarray, dtype) -> np.ndarray:

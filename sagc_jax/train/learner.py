@@ -140,8 +140,9 @@ class Learner:
 
     With `packed` (single process), the batch's sequences are packed (`rl.packing`) and the
     update runs the packed steps; otherwise the padded `steps`. Both report `train_token_util`:
-    real tokens (prompt + completion - 1 of every sequence in the loss) ÷ tokens the train
-    step's forward computes.
+    slots holding a token the loss needs ÷ slots the train step's forward computes (padded:
+    prompt + completion - 1 of every sequence in the loss; packed: a shared prompt counts once
+    per row that computes it).
     ref_params: the frozen KL reference (set by the loop when `algo.beta > 0`); None with
     `algo.beta > 0` means the policy's own base with its LoRA adapters off
     (`lora.disable_adapters`: shares the base's arrays, no second copy of the weights).

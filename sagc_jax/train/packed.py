@@ -19,6 +19,7 @@ from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import batch_sharding, replicated
 from sagc_jax.rl.packed_step import (
     CHUNK_FIELDS,
+    HEAD_FIELDS,
     SEQ_BOOL,
     SEQ_FIELDS,
     SEQ_FLOAT,
@@ -68,7 +69,7 @@ class PackedSteps(StepFields):
 
     def _chunk_spec(self, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
         sh = self.chunk_sharding(rows)
-        width = {"head_slots": self.completion_len}  # each row's cap on scored slots
+        width = {k: self.completion_len for k in HEAD_FIELDS}  # a row's cap on scored slots
         return {k: jax.ShapeDtypeStruct((rows, width.get(k, self.pack_len)), jnp.int32,
                                         sharding=sh) for k in CHUNK_FIELDS}
 
