@@ -5,8 +5,9 @@ ends; a SmolLM2-135M packed chunk gradient holds ~5 GB of them. glibc serves req
 from fresh `mmap`s (always, from the per-thread arenas XLA's worker threads use) and unmaps them
 on free, so each call faults all its pages in again: 1.36 M minor faults a 4-row chunk, 5-40 s of
 kernel time on top of ~12 s of compute, the most after a rollout has touched other memory
-(benchmarks/README.md, "Host page faults"). One arena, no mmap and no trimming keep the freed
-pages in the heap: after the first step a chunk faults nothing (6.2 s against 9.3-16 s).
+(benchmarks/README.md, "The packed update, four fixes"). One arena, no mmap and no trimming
+keep the freed pages in the heap: after the first step a chunk faults nothing (6.2 s against
+9.3-16 s).
 
 The trainer's CLI applies this before JAX starts its threads, on hosts that compute on the CPU
 only; on GPU / TPU hosts the device allocator owns the big buffers and nothing changes. The cost:
