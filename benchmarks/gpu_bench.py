@@ -11,7 +11,7 @@ Parts:
   train   the PACKED GRPO train step (`train.packed.PackedSteps`, the path every real config
           trains on) at the Qwen2.5-0.5B shape of configs/qwen2.5-0.5b_gsm8k_gpu.yaml (random
           weights, bf16 compute, f32 params + AdamW, remat as the config): tokens/s and MFU
-          (`gpu_steps.py`).
+          (`gpu_steps.py`); then the same batch in 64-row packed chunks (`fill`).
   decode  the prefix-sharing `Sampler` at 16 / 64 / 256 rows (16 prompts x G = 1 / 4 / 16, the
           GPU config's prompts_per_step): ms per decode step, prefill seconds, and the fraction
           of the HBM roofline, bytes = bf16 weights + the KV the step reads (`gpu_steps.py`).
@@ -158,6 +158,32 @@ def _target_modules() -> dict[str, bool]:
     return ok
 
 
+def measured_rates(smoke: bool) -> dict[str, float]:
+    """This device's bf16 matmul FLOP/s (n^3 product, random data) and copy bandwidth (read +
+    write bytes of `x + 1` over a large bf16 array), best of 5 after a warm-up: the ceilings
+    beside the datasheet's."""
+    import jax
+    import jax.numpy as jnp
+
+    n, m = (256, 1 << 20) if smoke else (8192, 1 << 30)
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    x = jnp.zeros((m,), jnp.bfloat16)
+    mm = jax.jit(lambda a: a @ a)
+    inc = jax.jit(lambda x: x + 1)
+
+    def best(f: Any, v: Any) -> float:
+        jax.block_until_ready(f(v))
+        ts = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(v))
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    return {"matmul_bf16_flops": 2.0 * n**3 / best(mm, a),
+            "copy_bytes_per_s": 2.0 * 2 * m / best(inc, x), "matmul_n": n, "copy_elems": m}
+
+
 def part_env(args: argparse.Namespace) -> dict[str, Any]:
     """Versions and device (written at once), the peaks (may refuse: then nothing else runs),
     nvidia-smi and the import check."""
@@ -176,6 +202,7 @@ def part_env(args: argparse.Namespace) -> dict[str, Any]:
     except (OSError, subprocess.TimeoutExpired) as e:
         res["nvidia_smi"] = f"unavailable: {e}"
     res["import_failures"] = import_all()
+    res["measured"] = measured_rates(args.cpu_smoke)
     return res
 
 
@@ -243,6 +270,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-steps", type=int, help="timing: steps per simulation (default: each "
                    "config's own; 20 with --cpu-smoke)")
     p.add_argument("--sim-procs", type=int, help="timing: processes (default: CPUs, <= 16)")
+    p.add_argument("--decode-groups", type=int, nargs="+",
+                   help="decode: these G only (default 16 1 4 8, the last held out; smoke 2 1 4)")
+    p.add_argument("--variant", default="base",
+                   help="train: an exploratory patch (gpu_steps.apply_variant): einsum, plain_t, "
+                   "einsum+plain_t; not base: no `fill` shape")
     p.add_argument("--sagc-steps", type=int, help="sagc: GRPO steps (default 40; smoke 2)")
     return p.parse_args(argv)
 
@@ -256,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.part == "train":
             from gpu_steps import part_train
 
-            res = part_train(args, device_info(args))
+            res = part_train(args, device_info(args), lambda r: write_json(args.out, r))
         elif args.part == "decode":
             from gpu_steps import part_decode
 
@@ -279,11 +311,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary(part: str, res: dict[str, Any]) -> dict[str, Any]:
     """The few numbers of a part worth a log line."""
-    keys = {"env": ("device", "versions", "import_failures"),
+    keys = {"env": ("device", "versions", "import_failures", "measured"),
             "train": ("tokens_per_s", "mfu", "step_s", "compile_s"),
-            "decode": ("points",), "timing": ("timing", "fit_max_rel_err"),
+            "decode": ("points",), "timing": ("timing", "fit_max_rel_err",
+                                                            "held_out_max_rel_err",
+                                                            "loo_max_rel_err"),
             "sagc": ("group_sizes", "compiles_after_warmup", "wall_s")}[part]
     out = {k: res.get(k) for k in keys}
+    if part == "train" and "fill" in res:
+        out["fill"] = {k: res["fill"].get(k) for k in keys}
     if part == "decode":
         out["points"] = [{k: p[k] for k in ("rows", "step_ms", "roofline_frac")}
                          for p in res.get("points", [])]

@@ -64,10 +64,16 @@ SMOKE_OVERRIDES = ["data.prompts_per_step=2", "sagc.group_sizes=[2,4]",
 GPU_OVERRIDES = ["algo.pack_chunk_rows=[16,4]"]
 
 
-def bench_config(smoke: bool) -> tuple[Any, ModelConfig]:
+# The second train shape: the same batch in 64-row packed chunks (smoke: 8), so one chunk's
+# matmuls are 4x taller: how far the step is from the GPU's peak when the batch fills it.
+FILL_OVERRIDES = {True: ["algo.pack_chunk_rows=[8]"], False: ["algo.pack_chunk_rows=[64,16]"]}
+
+
+def bench_config(smoke: bool, extra: tuple[str, ...] = ()) -> tuple[Any, ModelConfig]:
     """(run Config, model config): the GPU config and its preset (as the dry run resolves it:
-    compute dtype, param dtype and remat from `model.*`), or the tiny smoke shapes."""
-    cfg = load_config(GPU_CONFIG, SMOKE_OVERRIDES if smoke else GPU_OVERRIDES)
+    compute dtype, param dtype and remat from `model.*`), or the tiny smoke shapes; `extra`
+    overrides last."""
+    cfg = load_config(GPU_CONFIG, [*(SMOKE_OVERRIDES if smoke else GPU_OVERRIDES), *extra])
     m = cfg.model
     if smoke:
         mcfg = ModelConfig(model_type="qwen2", **TINY, rope_theta=1e6,
@@ -129,15 +135,46 @@ def synth_batch(rng: np.random.Generator, *, prompts: int, group: int, prompt_le
         "valid": np.ones(rows, bool), "loss_rows": np.ones(rows, bool)}
 
 
+def apply_variant(name: str) -> None:
+    """Patches the model for an exploratory train-step variant (`gpu_bench.py train
+    --variant`): 'einsum' keeps the einsum attention on a GPU (`llama.attention_impl`; the
+    fused cuDNN kernel is the default there), 'plain_t' lets XLA fold the weight transposes
+    into the dots instead of materialising them (`precision.row_major_t`, an XLA:CPU fast-path
+    trick; no change on an H200); '+' joins variants."""
+    from sagc_jax.models import llama, precision
+
+    for part in name.split("+"):
+        if part == "plain_t":
+            precision.row_major_t = lambda a: a.T
+        elif part == "einsum":
+            llama.attention_impl = lambda dtype, head_dim: "einsum"
+        elif part != "base":
+            raise ValueError(f"unknown variant {part!r}")
+
+
 def _one_device_mesh() -> Any:
     return make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
-def part_train(args: argparse.Namespace, dev: dict[str, Any]) -> dict[str, Any]:
+def part_train(args: argparse.Namespace, dev: dict[str, Any],
+               save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The config's packed update (saved at once), then the same batch in taller chunks
+    (`FILL_OVERRIDES`) under the key `fill`; a timeout keeps the first."""
+    apply_variant(args.variant)
+    res = train_point(args.cpu_smoke, dev)
+    res["variant"] = args.variant
+    save(res)
+    if args.variant == "base":
+        res["fill"] = train_point(args.cpu_smoke, dev, tuple(FILL_OVERRIDES[args.cpu_smoke]))
+    return res
+
+
+def train_point(smoke: bool, dev: dict[str, Any], extra: tuple[str, ...] = (),
+                keep: dict[str, Any] | None = None) -> dict[str, Any]:
     """The packed update of the config's largest batch (G = max group size): compile (first
-    call), one untimed call, then the median of `repeats` timed calls."""
-    smoke = args.cpu_smoke
-    cfg, mcfg = bench_config(smoke)
+    call), one untimed call, then the median of the timed calls. `keep["update"]` (if given)
+    gets the warm update closure (`gpu_profile.py` traces one more call of it)."""
+    cfg, mcfg = bench_config(smoke, extra)
     plan = ShapePlan.from_config(cfg)
     mesh = _one_device_mesh()
     graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
@@ -178,13 +215,15 @@ def part_train(args: argparse.Namespace, dev: dict[str, Any]) -> dict[str, Any]:
         m = update()
         times.append(time.perf_counter() - t0)
     step_s = float(np.median(times))
+    if keep is not None:
+        keep["update"] = update
     seq_tokens = (lp - arrays["prompt_pad"]) + arrays["lengths"] - 1
     flops = train_flops(mcfg, chunks)
     slots = pp.real_tokens
     recompute = 2.0 * layer_params(mcfg) * slots if mcfg.remat else 0.0
     peak = dev["peak_flops"] * dev["devices"]
     return {**dev, "model": "tiny" if smoke else cfg.model.preset, "dtype": mcfg.dtype,
-            "remat": mcfg.remat, "rows": len(seq_tokens), "group_size": g,
+            "overrides": list(extra), "remat": mcfg.remat, "rows": len(seq_tokens), "group_size": g,
             "prompts": plan.prompts_per_g[g], "prompt_bucket": lp, "max_new_tokens": n,
             "pack_len": steps.pack_len, "chunks": list(pp.chunks), "token_util": pp.token_util,
             "seq_tokens": int(seq_tokens.sum()), "real_tokens": slots,
@@ -212,17 +251,24 @@ def decode_bytes(cfg: ModelConfig, *, prompts: int, rows: int, prompt_len: int, 
 
 def part_decode(args: argparse.Namespace, dev: dict[str, Any],
                 save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Decode at P prompts x G = 16, 1, 4 (smoke: 2 prompts x 2, 1), EOS off so every row
-    runs max_new_tokens steps; per G one compile call, then the best of 2 timed calls.
+    """Decode points (`decode_points`) at `args.decode_groups` if given, else the default Gs."""
+    return decode_points(args.cpu_smoke, dev, save, tuple(args.decode_groups or ()))
+
+
+def decode_points(smoke: bool, dev: dict[str, Any], save: Callable[[dict[str, Any]], None],
+                  groups: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Decode at P prompts x G for G in `groups` (default 16, 1, 4, 8; smoke 2, 1, 4; of three
+    or more the last is held out of the time model's fit), EOS off so every row runs
+    max_new_tokens steps; per G one compile call, then the best of 2 timed calls.
     `save` gets the result after every G (a timeout keeps the points already measured)."""
-    smoke = args.cpu_smoke
     cfg, mcfg = bench_config(smoke)
     s = cfg.sampling
     prompts, lp, new, chunk = (cfg.data.prompts_per_step, s.prompt_buckets[0], s.max_new_tokens,
                                s.decode_chunk)
     # Largest G first: the 256-row point is the one the target is set on, and a timeout keeps
-    # the points already measured; then the smallest, so two points already span the fit.
-    groups = (2, 1) if smoke else (16, 1, 4)
+    # the points already measured; then the smallest, so two points already span the fit. The
+    # last G is held out of the time model's fit (`held_out`): its error is the fit's test.
+    groups = groups or ((2, 1, 4) if smoke else (16, 1, 4, 8))
     model = Transformer(mcfg, rngs=nnx.Rngs(0))
     sampler = Sampler(model, SamplingConfig(group_sizes=tuple(sorted(groups)),
                                             prompts_per_step=prompts,
@@ -235,6 +281,7 @@ def part_decode(args: argparse.Namespace, dev: dict[str, Any],
                            "dtype": mcfg.dtype, "prompts": prompts, "prompt_len": lp,
                            "max_new_tokens": new, "decode_chunk": chunk, "points": []}
     for i, g in enumerate(groups):
+        held_out = len(groups) >= 3 and i == len(groups) - 1
         t0 = time.perf_counter()
         sampler.generate(ids, group_size=g, key=jax.random.key(0))
         compile_s = time.perf_counter() - t0
@@ -247,7 +294,7 @@ def part_decode(args: argparse.Namespace, dev: dict[str, Any],
         roof_s = b["bytes_per_step"] / dev["peak_hbm_bps"]
         valid = b["bytes_per_step"] - b["gen_kv_bytes"] + b["gen_kv_valid_bytes"]
         res["points"].append({
-            "rows": prompts * g, "group_size": g, "decode_steps": steps,
+            "rows": prompts * g, "group_size": g, "held_out": held_out, "decode_steps": steps,
             "compile_s": compile_s, "step_ms": 1e3 * step_s,
             "prefill_s": min(st.prefill_s for st in stats), "tokens_per_s": prompts * g / step_s,
             "roofline_step_ms": 1e3 * roof_s, "roofline_frac": roof_s / step_s,

@@ -48,28 +48,51 @@ def fit_linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def fit_time_model(decode: dict[str, Any]) -> dict[str, Any]:
-    """The `timing:` block, the `sagc.time_model.*` overrides and the fit's worst relative error,
-    from the decode part's result."""
-    pts = decode["points"]
-    if len(pts) < 2:
-        raise ValueError(f"decode: {len(pts)} point(s); the fit needs >= 2")
+def _fit_terms(pts: list[dict[str, Any]]) -> tuple[float, float, float, float]:
+    """(decode_a, decode_b, prefill_a, prefill_b) fitted to decode points."""
+    rows = np.array([p["rows"] for p in pts], np.float64)
+    da, db = fit_linear(rows, np.array([p["step_ms"] / 1e3 for p in pts]))
+    pa, pb = fit_linear(rows, np.array([p["prefill_s"] for p in pts]))
+    return da, db, pa, pb
+
+
+def _rel_err(terms: tuple[float, float, float, float], pts: list[dict[str, Any]]
+             ) -> dict[str, float]:
+    """Worst relative error of the model's decode-step and prefill seconds over `pts`."""
+    da, db, pa, pb = terms
     rows = np.array([p["rows"] for p in pts], np.float64)
     dec = np.array([p["step_ms"] / 1e3 for p in pts])
-    pre = np.array([p["prefill_s"] for p in pts])
-    da, db = fit_linear(rows, dec)
-    pa, pb = fit_linear(rows, pre)
+    pre = np.maximum(np.array([p["prefill_s"] for p in pts]), 1e-12)
+    return {"decode": float(np.max(np.abs(da + db * rows - dec) / dec)),
+            "prefill": float(np.max(np.abs(pa + pb * rows - pre) / pre))}
+
+
+def fit_time_model(decode: dict[str, Any]) -> dict[str, Any]:
+    """The `timing:` block, the `sagc.time_model.*` overrides and the fit's errors, from the
+    decode part's result. Points marked `held_out` are not fitted: the error on them
+    (`held_out_max_rel_err`) is the model's test; `loo_max_rel_err` is the worst error on each
+    fitted point when the line is fitted to the others (needs >= 3 of them)."""
+    pts = [p for p in decode["points"] if not p.get("held_out")]
+    test = [p for p in decode["points"] if p.get("held_out")]
+    if len(pts) < 2:
+        raise ValueError(f"decode: {len(pts)} fitted point(s); the fit needs >= 2")
+    da, db, pa, pb = terms = _fit_terms(pts)
     timing = {"decode_a": da, "decode_b": db, "prefill_a": pa, "prefill_b": pb,
               "decode_chunk": int(decode["decode_chunk"])}
     time_model_from_dict(timing)  # the simulator accepts it (raises on a bad key or value)
     keys = {f"time_model.{k}": timing[k] for k in TERMS}
     SAGCConfig.from_dict({"time_model": {k: timing[k] for k in TERMS}})  # ... and the trainer's
-    err = {"decode": float(np.max(np.abs(da + db * rows - dec) / dec)),
-           "prefill": float(np.max(np.abs(pa + pb * rows - pre) / np.maximum(pre, 1e-12)))}
+    loo: dict[str, float] | None = None
+    if len(pts) >= 3:
+        errs = [_rel_err(_fit_terms(pts[:i] + pts[i + 1:]), [p]) for i, p in enumerate(pts)]
+        loo = {k: max(e[k] for e in errs) for k in ("decode", "prefill")}
     inner = ", ".join(f"{k}: {timing[k]:.4g}" for k in TERMS)
     return {"timing": timing, "sagc_overrides": [f"sagc.{k}={v:.6g}" for k, v in keys.items()],
             "yaml": f"timing: {{{inner}, decode_chunk: {timing['decode_chunk']}}}",
-            "fit_rows": rows.astype(int).tolist(), "fit_max_rel_err": err}
+            "fit_rows": [int(p["rows"]) for p in pts], "fit_max_rel_err": _rel_err(terms, pts),
+            "held_out_rows": [int(p["rows"]) for p in test],
+            "held_out_max_rel_err": _rel_err(terms, test) if test else None,
+            "loo_max_rel_err": loo}
 
 
 def sim_job(job: tuple[str, str, dict[str, float] | None, int | None]) -> dict[str, Any]:

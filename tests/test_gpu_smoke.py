@@ -75,6 +75,7 @@ def test_cpu_smoke_env_installs_the_wheels(smoke):
     assert env["platform"] == "cpu" and env["peaks_source"] == "command line"
     assert env["peak_flops"] == 1e12 and env["peak_hbm_bps"] == 100e9
     assert env["versions"]["jax"] not in ("", "missing")
+    assert env["measured"]["matmul_bf16_flops"] > 0 and env["measured"]["copy_bytes_per_s"] > 0
 
 
 def test_cpu_smoke_train_is_packed_and_sane(smoke):
@@ -87,12 +88,16 @@ def test_cpu_smoke_train_is_packed_and_sane(smoke):
     assert t["real_tokens"] < t["seq_tokens"]  # a group's prompt computed once per row
     assert 0 < t["mfu"] < t["hfu_with_remat"] < 1
     assert t["step_s"] > 0 and t["compile_s"] > 0 and len(t["step_s_all"]) == 2
+    f = t["fill"]  # the same batch in taller chunks: the same tokens and FLOPs
+    assert f["overrides"] == ["algo.pack_chunk_rows=[8]"] and f["chunks"] != t["chunks"]
+    assert f["seq_tokens"] == t["seq_tokens"] and f["model_tflop"] == t["model_tflop"]
 
 
 def test_cpu_smoke_decode_points(smoke):
     out, _ = smoke
     d = _load(out, "decode")
-    assert [p["rows"] for p in d["points"]] == [2, 4] and d["prompts"] == 2
+    assert [p["rows"] for p in d["points"]] == [2, 4, 8] and d["prompts"] == 2
+    assert [p["held_out"] for p in d["points"]] == [False, False, True]  # the last G measured
     for p in d["points"]:
         assert p["decode_steps"] == 16 and p["step_ms"] > 0 and p["prefill_s"] > 0
         assert 0 < p["roofline_frac_valid"] < p["roofline_frac"] < 1
@@ -105,7 +110,8 @@ def test_cpu_smoke_timing_model_and_suite(smoke):
     t = _load(out, "timing")
     assert set(t["timing"]) == {"decode_a", "decode_b", "prefill_a", "prefill_b", "decode_chunk"}
     assert all(v >= 0 for v in t["timing"].values()) and t["timing"]["decode_chunk"] == 8
-    assert t["fit_rows"] == [2, 4] and t["yaml"].startswith("timing: {decode_a: ")
+    assert t["fit_rows"] == [2, 4] and t["held_out_rows"] == [8]
+    assert t["yaml"].startswith("timing: {decode_a: ")
     assert [o.split("=")[0] for o in t["sagc_overrides"]] == [
         "sagc.time_model.decode_a", "sagc.time_model.decode_b", "sagc.time_model.prefill_a",
         "sagc.time_model.prefill_b"]
@@ -198,6 +204,23 @@ def test_fit_time_model_recovers_a_linear_model():
     assert t["prefill_a"] == pytest.approx(0.03) and t["prefill_b"] == pytest.approx(1e-5)
     assert fit["fit_max_rel_err"]["decode"] < 1e-9 and t["decode_chunk"] == 32
     assert fit["sagc_overrides"][0] == "sagc.time_model.decode_a=0.004"
+    assert fit["loo_max_rel_err"]["decode"] < 1e-9 and fit["held_out_max_rel_err"] is None
+
+
+def test_fit_time_model_tests_on_held_out_points():
+    """A held-out point is not fitted, and its error is reported: here it sits 20 % above the
+    line the other points lie on, which the fit must not bend towards."""
+    pts = [{"rows": r, "step_ms": 1e3 * (0.004 + 2e-6 * r), "prefill_s": 0.03 + 1e-5 * r}
+           for r in (16, 64, 256)]
+    pts.append({"rows": 128, "step_ms": 1.2e3 * (0.004 + 2e-6 * 128),
+                "prefill_s": 0.03 + 1e-5 * 128, "held_out": True})
+    fit = gpu_timing.fit_time_model({"decode_chunk": 32, "points": pts})
+    assert fit["timing"]["decode_b"] == pytest.approx(2e-6) and fit["held_out_rows"] == [128]
+    assert fit["held_out_max_rel_err"]["decode"] == pytest.approx(0.2 / 1.2)
+    assert fit["held_out_max_rel_err"]["prefill"] < 1e-9
+    bent = dict(pts[1], step_ms=pts[1]["step_ms"] * 1.5)  # LOO: the others predict it 1/3 low
+    loo = gpu_timing.fit_time_model({"decode_chunk": 32, "points": [pts[0], bent, pts[2]]})
+    assert loo["loo_max_rel_err"]["decode"] > 0.3
 
 
 def test_fit_linear_keeps_terms_non_negative():

@@ -4,6 +4,7 @@ unpacked one does, and the packed update equals the unpacked update for every ag
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -195,6 +196,35 @@ def test_shared_prompt_forward_matches_per_sequence_forward():
         alone = np.asarray(model(np.concatenate([prompt, c])[None]))
         np.testing.assert_allclose(packed[0, :5], alone[0, :5], atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(packed[0, a:a + len(c)], alone[0, 5:], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_attention_layout_matches_einsum_attention():
+    """The GPU's fused attention (cuDNN there) runs here through the same
+    `jax.nn.dot_product_attention` layout with XLA's kernel: same outputs as the einsum form,
+    with grouped-query heads and a packed segment + branch mask."""
+    from sagc_jax.models.llama import _attention, _segment_mask, fused_attention
+
+    rng = np.random.default_rng(5)
+    B, T, N, K, D = 2, 16, 4, 2, 8
+    q = jnp.asarray(rng.standard_normal((B, T, N, D)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((B, K, T, D)), jnp.float32) for _ in range(2))
+    seg = jnp.asarray([[1] * 10 + [2] * 5 + [0], [1] * 16])
+    branch = jnp.asarray([[0] * 4 + [1] * 3 + [2] * 3 + [0] * 6, [0] * 16])
+    mask = _segment_mask(seg, branch, None) & jnp.tril(jnp.ones((T, T), bool))[None]
+    np.testing.assert_allclose(np.asarray(fused_attention(q, k, v, mask, "xla")),
+                               np.asarray(_attention(q, k, v, mask)), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_impl_fuses_only_bf16_on_a_gpu(monkeypatch):
+    from sagc_jax.models import llama
+
+    assert llama.attention_impl("bfloat16", 64) == "einsum"  # this CPU
+    monkeypatch.setattr(llama.jax, "default_backend", lambda: "gpu")
+    assert llama.attention_impl("bfloat16", 64) == "cudnn"
+    assert llama.attention_impl("float16", 128) == "cudnn"
+    assert llama.attention_impl("float32", 64) == "einsum"  # cuDNN: half precision only
+    assert llama.attention_impl("bfloat16", 256) == "einsum"
+    assert llama.attention_impl("bfloat16", 60) == "einsum"
 
 
 # ------------------------------------------------------------------ the update

@@ -155,6 +155,30 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax
     return out.reshape(B, T, N * D)
 
 
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                    implementation: str | None = "cudnn") -> jax.Array:
+    """`_attention`'s contract through `jax.nn.dot_product_attention` (`implementation` 'cudnn':
+    cuDNN's fused kernel, the [T, S] scores never written to memory; 'xla' runs the same
+    layout on any backend, which is how the CPU tests check it)."""
+    B, T, N, D = q.shape
+    out = jax.nn.dot_product_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2),
+                                       mask=mask[:, None], implementation=implementation)
+    return out.reshape(B, T, N * D)
+
+
+def attention_impl(dtype: str, head_dim: int) -> str:
+    """'cudnn' (`fused_attention`) or 'einsum' (`_attention`) for the packed forward.
+
+    On a GPU the einsum form writes [rows, heads, T, T] float32 scores and transposes them in
+    the backward; cuDNN's fused attention made the packed GRPO update 1.94x faster on an H200
+    (Qwen2.5-0.5B, 256 rows: 1.63 -> 0.84 s, losses equal; benchmarks/README.md). cuDNN takes
+    bf16/fp16 and head dims that are multiples of 8 up to 128 (measured at 64 only); every other
+    case, and every other backend, keeps the einsum.
+    """
+    ok = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if ok and jax.default_backend() == "gpu" else "einsum"
+
+
 def _segment_mask(segment_ids: jax.Array, branch_ids: jax.Array | None,
                   cache: KVCache | None) -> jax.Array:
     """[B, T, T] True where the key slot is visible to the query slot's packed sequence: same
@@ -225,6 +249,9 @@ class Transformer(nnx.Module):
         if segment_ids is not None:
             mask = mask & _segment_mask(segment_ids, branch_ids, cache)
 
+        # The fused kernel only on the packed path (the one measured on a GPU; its rows are never
+        # fully masked, unlike a left-padded prompt's padding slots).
+        fused = segment_ids is not None and attention_impl(cfg.dtype, cfg.head_dim) == "cudnn"
         inv_freq = inv_frequencies(cfg)
         x = jnp.take(self.embed[...], input_ids.reshape(-1), axis=0).astype(dt)  # [B*T, H]
         if rows_sharding is not None:
@@ -243,7 +270,8 @@ class Transformer(nnx.Module):
                 cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None], start),
                                 jax.lax.dynamic_update_slice(cache.v, v[None], start))
                 k, v = cache.k[idx], cache.v[idx]
-            attn = _attention(q, k, v, mask).reshape(B * T, n * d)
+            attend = fused_attention if fused else _attention
+            attn = attend(q, k, v, mask).reshape(B * T, n * d)
             return (block_tail(cfg, p, x, attn), cache), (new_kv if return_kv else None)
 
         if cfg.remat:
