@@ -228,3 +228,46 @@ def test_fit_linear_keeps_terms_non_negative():
     a, b = gpu_timing.fit_linear(np.array([10, 20, 30]), np.array([0.5, 1.5, 2.5]))
     assert a == 0.0 and b > 0
     assert gpu_timing.fit_linear(np.array([4, 4]), np.array([1.0, 3.0])) == (2.0, 0.0)
+
+
+def test_gpu_report_matches_the_readme():
+    """benchmarks/README.md's H200 tables are what gpu_report.py prints from the committed raw
+    files (the report's table rows and figure lines appear there verbatim)."""
+    import gpu_report
+
+    text = gpu_report.report(gpu_report.DEFAULT)
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("|") and "---" not in ln]
+    assert len(lines) >= 20
+    # The README relabels one decode column (see the section); every row must be there.
+    missing = [ln for ln in lines if ln.replace(
+        "of roofline counting valid K/V only", "roofline share if only valid K/V were read")
+        not in readme]
+    assert not missing, missing[:3]
+    assert "| cuDNN fused attention (run 3) |" in text and "26.3 %" in text
+
+
+def test_summarize_trace_sums_device_kernels(tmp_path):
+    """Device lines only (not the host's), kernels classed by name, busy = interval union."""
+    import gzip
+
+    import gpu_profile
+
+    ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7,
+           "args": {"name": "Stream #14(Compute)"}},
+          {"ph": "X", "pid": 1, "tid": 7, "name": "gemm_fusion_dot_1", "ts": 0, "dur": 10},
+          {"ph": "X", "pid": 1, "tid": 7, "name": "loop_transpose_fusion", "ts": 5, "dur": 10},
+          {"ph": "X", "pid": 1, "tid": 7, "name": "gemm_fusion_dot_1", "ts": 30, "dur": 10},
+          {"ph": "X", "pid": 2, "tid": 1, "name": "python", "ts": 0, "dur": 1000}]
+    path = tmp_path / "perfetto_trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    s = gpu_profile.summarize_trace(path)
+    assert s["source"] == "device" and s["events"] == 3
+    assert s["kernel_s"] == pytest.approx(30e-6) and s["busy_s"] == pytest.approx(25e-6)
+    assert s["stream_busy_s"] == pytest.approx(25e-6) and s["span_s"] == pytest.approx(40e-6)
+    assert s["by_class_s"] == pytest.approx({"matmul": 20e-6, "copy / transpose": 10e-6})
+    assert s["top"][0] == {"name": "gemm_fusion_dot_1", "s": pytest.approx(20e-6), "count": 2,
+                           "class": "matmul"}
