@@ -355,6 +355,9 @@ def _compare(argv: list[str]) -> int:
                    "real clock (default)")
     p.add_argument("--max-steps", help="per-policy run.steps caps, e.g. "
                    "static-4=40,static-16=25,sagc=40 (others use the config's run.steps)")
+    p.add_argument("--curves", action="store_true",
+                   help="evaluate every kept checkpoint: held-out accuracy against seconds on "
+                   "both clocks, accuracy at budget and time to target (curves.json)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="overrides applied to every run, e.g. run.steps=40")
     args = p.parse_args(argv)
@@ -386,7 +389,7 @@ def _compare(argv: list[str]) -> int:
                        num_samples=args.num_samples, eval_limit=args.eval_limit,
                        eval_batch=args.eval_batch, train=not args.summarize_only,
                        share_sft=not args.no_share_sft, budget_s=budget, clock=args.clock,
-                       max_steps=max_steps)
+                       max_steps=max_steps, curves=args.curves)
     except ConfigError as e:
         print(f"{err} config: {e}", file=sys.stderr)
         return 2

@@ -261,6 +261,53 @@ def test_compare_end_to_end(tmp_path, capsys):
     assert (out / "length_distribution.png").stat().st_size > 0
     assert "Equal wall-clock budget" in (out / "results.md").read_text()
 
+    # Accuracy against seconds: every kept checkpoint evaluated (step 0 = `initial`), on both
+    # clocks, each run's points at its steps' clock values.
+    assert main([*argv, "--summarize-only", "--curves"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    pts = json.loads((out / "curves.json").read_text())
+    for clock in ("model", "measured"):
+        c = res["curves"][clock]
+        assert c["budget_s"] > 0 and set(c["policies"]) == {"static-2", "sagc"}
+        for pol in ("static-2", "sagc"):
+            run = pts[clock][pol]["0"]
+            assert run[0]["step"] == 0 and run[0]["seconds"] == 0.0
+            assert run[-1]["step"] == 3 and run[-1]["seconds"] > 0
+            assert all(0 <= p["accuracy"] <= 1 for p in run)
+            assert c["policies"][pol]["accuracy_at_budget"]["n"] == 1
+    evals = json.loads((out / "sagc-s0" / "eval.json").read_text())
+    assert {k.split("/")[0] for k in evals} >= {"0", "3"}  # one cache, several steps
+    assert "## Held-out accuracy against seconds" in (out / "results.md").read_text()
+
+
+def test_accuracy_curves_budget_target_and_se():
+    from sagc_jax.experiments.curves import (
+        CurvePoint,
+        accuracy_at_budget,
+        curve,
+        mean_se,
+        summarize_curves,
+        time_to_accuracy,
+    )
+
+    pts = curve({0: 0.4, 2: 0.5, 4: 0.7}, [1.0, 3.0, 6.0, 10.0], [1, 2, 3, 4])
+    assert pts == [CurvePoint(0, 0.0, 0.4), CurvePoint(2, 3.0, 0.5), CurvePoint(4, 10.0, 0.7)]
+    assert accuracy_at_budget(pts, 9.9) == 0.5 and accuracy_at_budget(pts, 10.0) == 0.7
+    assert accuracy_at_budget(pts[1:], 2.0) is None
+    assert time_to_accuracy(pts, 0.5) == 3.0 and time_to_accuracy(pts, 0.8) is None
+    st = mean_se([0.5, 0.7, None, float("nan")])
+    assert st.mean == pytest.approx(0.6) and st.se == pytest.approx(0.1) and (st.n, st.of) == (2, 4)
+    slow = [CurvePoint(0, 0.0, 0.4), CurvePoint(2, 20.0, 0.9)]
+    summ = summarize_curves({"model": {"fast": {0: pts}, "slow": {0: slow}}})["model"]
+    # Budget: the smaller final clock (10 s); there `slow` still reads its step-0 accuracy.
+    assert summ["budget_s"] == 10.0
+    assert summ["policies"]["fast"]["accuracy_at_budget"]["mean"] == 0.7
+    assert summ["policies"]["slow"]["accuracy_at_budget"]["mean"] == 0.4
+    # Target: 80 % of the way from the step-0 mean (0.4) to the best mean at budget (0.7).
+    assert summ["target"] == pytest.approx(0.64)
+    assert summ["policies"]["fast"]["time_to_target_s"]["mean"] == 10.0
+    assert summ["policies"]["slow"]["time_to_target_s"]["mean"] == 20.0
+
 
 def test_compare_bad_input_fails_cleanly(tmp_path, capsys):
     base = ["compare", "--config", str(ROOT / "configs/compare_cpu.yaml"), "--out-dir",

@@ -31,6 +31,9 @@ Protocol:
   accelerator rollout seconds (deterministic), `measured` = this machine's real clock; the
   real CPU seconds are reported beside a `model` budget too. Without `--budget-s` the
   comparison is the step budget above.
+- **Accuracy against seconds** (`--curves`, `curves.py`): every kept checkpoint evaluated
+  and placed on both clocks; accuracy at an equal budget and time to a target accuracy per
+  clock, mean ± standard error over seeds, in results.md and `curves.json`.
 - **Resumable.** Run directories are `<out>/<policy>-s<seed>`. A run whose final checkpoint
   exists is skipped; a partial one resumes from its checkpoint. Evaluations are cached in
   `<run>/eval.json`.
@@ -81,14 +84,16 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
                    eval_limit: int | None = None, eval_batch: int = 50,
                    train: bool = True, share_sft: bool = True,
                    budget_s: float | str | None = None, clock: str = "measured",
-                   max_steps: Mapping[str, int] | None = None) -> dict[str, Any]:
+                   max_steps: Mapping[str, int] | None = None,
+                   curves: bool = False) -> dict[str, Any]:
     """Trains every policy x seed (seed-major, so an interrupted comparison has whole seeds),
     evaluates, and writes results.md / results.json / plots under `out_dir`.
 
     `target=None` picks `auto_target` (80 % of the way from the initial to the best final
     reward). `train=False` only re-summarises existing run directories. `budget_s` (seconds on
     `clock`, or "auto") reads every run up to the same budget; `max_steps` maps a policy name
-    to its own `run.steps` cap. Returns results.json.
+    to its own `run.steps` cap. `curves` evaluates every kept checkpoint and adds held-out
+    accuracy against seconds on both clocks (`curves.py`; `curves.json`). Returns results.json.
     """
     from sagc_jax.config import load_config
     from sagc_jax.experiments.plots import plot_comparison, plot_length_tails
@@ -127,6 +132,8 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
     tms = {k: TimeModel.from_sagc(c.sagc) for k, c in cfgs.items()}
     clocks = {p.name: {s: cumulative_clock(rows[p.name][s], clock, tms[(p.name, s)])
                        for s in seeds} for p in policies}
+    curve_summary = (_accuracy_curves(cfgs, rows, tms, policies, seeds, num_samples, eval_limit,
+                                      eval_batch, out) if curves else None)
     budget = resolve_budget(budget_s, [c[-1] if len(c) else math.nan
                                        for sd in clocks.values() for c in sd.values()])
     if budget is not None:
@@ -178,8 +185,14 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
         "max_steps": caps, "lr_schedule": base.optim.schedule,
     }
     result = {"meta": meta, "policies": agg, "runs": per_run}
+    md = format_results_md(agg, meta)
+    if curve_summary is not None:
+        from sagc_jax.experiments.curves import format_curves_md
+
+        result["curves"] = curve_summary
+        md += "\n".join(format_curves_md(curve_summary)) + "\n"
     (out / "results.json").write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
-    (out / "results.md").write_text(format_results_md(agg, meta))
+    (out / "results.md").write_text(md)
     plot_comparison(rows, out, target=target, window=window, delta=sagc_cfg.sagc.delta,
                     seconds=clocks, clock=clock)
     plot_length_tails({p: {s: Path(cfgs[(p, s)].run.dir) / "trace.jsonl" for s in seeds}
@@ -189,6 +202,43 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
     logger.info("compare: wrote %s, results.json and plots (%.1f min)", out / "results.md",
                 meta["elapsed_s"] / 60)
     return result
+
+
+def _accuracy_curves(cfgs: Mapping[tuple[str, int], Any], rows: Mapping[str, Mapping[int, list]],
+                     tms: Mapping[tuple[str, int], TimeModel], policies: Sequence[Policy],
+                     seeds: Sequence[int], num_samples: int, eval_limit: int | None,
+                     eval_batch: int, out: Path) -> dict[str, Any]:
+    """Every kept checkpoint of every run evaluated, placed on both clocks (whole runs, before
+    any budget cut), summarised by `curves.summarize_curves`; points in `curves.json`."""
+    from dataclasses import asdict
+
+    from sagc_jax.experiments.curves import checkpoint_steps, curve, summarize_curves
+
+    pts: dict[str, dict[str, dict[int, list]]] = {c: {} for c in CLOCKS}
+    lengths: dict[str, dict[int, Any]] = {}
+    for pol in policies:
+        for seed in seeds:
+            run_dir = Path(cfgs[(pol.name, seed)].run.dir)
+            rs, tm = rows[pol.name][seed], tms[(pol.name, seed)]
+            acc = {k: eval_run(run_dir, num_samples=num_samples, limit=eval_limit,
+                               batch_prompts=eval_batch, at_step=k)["accuracy"]
+                   for k in checkpoint_steps(run_dir)}
+            steps = [int(r["step"]) for r in rs]
+            for c in CLOCKS:
+                pts[c].setdefault(pol.name, {})[seed] = curve(
+                    acc, cumulative_clock(rs, c, tm), steps)
+
+            def length_at(budget: float, c: str, rs: list = rs, tm: TimeModel = tm) -> float:
+                inside = rs[:cut_at_budget(rs, budget, c, tm)]
+                vals = [num(r.get("len_mean")) for r in inside]
+                return float(np.nanmean(vals)) if vals else math.nan
+
+            lengths.setdefault(pol.name, {})[seed] = length_at
+    summary = summarize_curves(pts, lengths)
+    (out / "curves.json").write_text(json.dumps(
+        {c: {p: {str(s): [asdict(x) for x in v] for s, v in sd.items()} for p, sd in pd.items()}
+         for c, pd in pts.items()}, indent=1) + "\n")
+    return summary
 
 
 def _auto_target(rows: Mapping[str, Mapping[int, list]], window: int) -> tuple[float, str]:

@@ -97,25 +97,30 @@ def train_run(cfg: Any, sft_cache: Path | None) -> dict[str, Any]:
 def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
              batch_prompts: int, at_step: int | None = None) -> dict[str, Any]:
     """Greedy accuracy (and pass@k with num_samples > 0) of a run's newest checkpoint — or,
-    with `at_step`, its newest checkpoint at or before that step (a wall-clock budget's cut) —
-    on the run config's held-out split; cached in `<run>/eval.json` per checkpoint step."""
+    with `at_step`, its newest checkpoint at or before that step (a wall-clock budget's cut;
+    0 = `checkpoints/initial`) — on the run config's held-out split; every result is kept in
+    `<run>/eval.json`, keyed by checkpoint step, samples and limit (an accuracy curve reads
+    several)."""
     from sagc_jax.evaluate import evaluate, load_eval_examples, load_policy, resolve_checkpoint
     from sagc_jax.experiments.budget import checkpoint_at_or_before
     from sagc_jax.rl.rewards import build_reward_fns, with_timeout
 
     ckpt: Path = run_dir
-    if at_step is not None:
+    if at_step == 0:
+        ckpt = run_dir / "checkpoints" / "initial"
+    elif at_step is not None:
         found = checkpoint_at_or_before(run_dir, at_step)
         if found is None:
             raise FileNotFoundError(f"{run_dir}: no checkpoint at or before step {at_step}")
         ckpt = found
     src = resolve_checkpoint(ckpt)
     path = run_dir / EVAL_FILE
-    key = {"step": src.step, "num_samples": num_samples, "limit": limit}
-    if path.is_file():
-        old = json.loads(path.read_text())
-        if {k: old.get(k) for k in key} == key:
-            return old
+    step = src.step or 0
+    key = {"step": step, "num_samples": num_samples, "limit": limit}
+    cache = _read_cache(path)
+    name = f"{step}/{num_samples}/{limit}"
+    if name in cache:
+        return cache[name]
     model, tok, cfg = load_policy(ckpt)
     assert cfg is not None
     examples, _ = load_eval_examples(None, cfg, limit=limit)
@@ -127,7 +132,19 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
                    chat_template=cfg.data.chat_template, prompt_buckets=s.prompt_buckets,
                    decode_chunk=s.decode_chunk)
     out = {**key, **res}
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    cache[name] = out
+    path.write_text(json.dumps(cache, indent=1) + "\n")
     logger.info("compare: %s: held-out accuracy %.3f (%d problems, %.0fs)", run_dir.name,
                 res["accuracy"], res["num_prompts"], res["eval_s"])
     return out
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    """`eval.json` as {"step/num_samples/limit": result}; a file of the one-result format
+    written before curves (a top-level "step") is read as that one entry."""
+    if not path.is_file():
+        return {}
+    old = json.loads(path.read_text())
+    if "step" in old:
+        return {f"{old['step']}/{old.get('num_samples')}/{old.get('limit')}": old}
+    return old

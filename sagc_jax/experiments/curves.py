@@ -1,0 +1,161 @@
+"""Held-out accuracy against seconds on both clocks (`sagc-jax compare --curves`, issue 49).
+
+The user's question: which policy reaches a given held-out accuracy in the fewest seconds, and
+which is most accurate when the seconds run out? Every kept checkpoint of a run is evaluated
+(greedy, the config's held-out split; `runs.eval_run` caches each step) and placed on each clock
+at the end of its step (`budget.cumulative_clock`; step 0 = the start, 0 s). Then per clock:
+
+- **accuracy at budget**: a run's accuracy at its newest evaluated checkpoint within the budget
+  (`auto`: the smallest final clock over all runs, so every run is read at the same seconds);
+- **time to target**: the first evaluated checkpoint at or above the target accuracy (`auto`:
+  80 % of the way from the mean step-0 accuracy to the best policy's mean accuracy at budget);
+  None when never reached;
+- mean and standard error (sample std / sqrt(n)) over seeds per policy.
+
+A checkpoint only approximates the budget's cut from below: checkpoints every k steps place
+each run's reading up to k - 1 steps early, the same rule for every policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.experiments.budget import CLOCKS
+
+__all__ = ["CurvePoint", "PolicyStat", "accuracy_at_budget", "checkpoint_steps", "curve",
+           "mean_se", "summarize_curves", "time_to_accuracy"]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One evaluated checkpoint: its step, the clock at the end of that step (s) and its
+    held-out accuracy (fraction)."""
+
+    step: int
+    seconds: float
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class PolicyStat:
+    """Mean and standard error over seeds of one number (None: no seed has it)."""
+
+    mean: float | None
+    se: float | None
+    n: int
+    of: int
+
+
+def checkpoint_steps(run_dir: str | Path) -> list[int]:
+    """Steps of a run's kept checkpoints, 0 for `checkpoints/initial`, ascending."""
+    ck = Path(run_dir) / "checkpoints"
+    if not ck.is_dir():
+        return []
+    steps = {int(p.name) for p in ck.iterdir() if p.name.isdigit() and p.is_dir()}
+    if (ck / "initial").is_dir():
+        steps.add(0)
+    return sorted(steps)
+
+
+def curve(accuracy_by_step: Mapping[int, float], clock_s: Sequence[float],
+          steps: Sequence[int]) -> list[CurvePoint]:
+    """Accuracy points on one clock. `clock_s[i]`: cumulative seconds at the end of metrics row
+    i, whose step number is `steps[i]`; step 0 sits at 0 s. Checkpoints past the rows (none in
+    a finished run) are dropped."""
+    at = {int(s): float(c) for s, c in zip(steps, clock_s, strict=True)}
+    at[0] = 0.0
+    return [CurvePoint(k, at[k], float(a)) for k, a in sorted(accuracy_by_step.items())
+            if k in at]
+
+
+def accuracy_at_budget(points: Sequence[CurvePoint], budget_s: float) -> float | None:
+    """Accuracy of the newest point with seconds <= `budget_s` (None: none is)."""
+    inside = [p for p in points if p.seconds <= budget_s + 1e-9]
+    return inside[-1].accuracy if inside else None
+
+
+def time_to_accuracy(points: Sequence[CurvePoint], target: float) -> float | None:
+    """Seconds of the first point with accuracy >= `target` (None: never)."""
+    return next((p.seconds for p in points if p.accuracy >= target - 1e-12), None)
+
+
+def mean_se(values: Sequence[float | None]) -> PolicyStat:
+    """Mean and standard error (ddof 1; 0 with one value) of the finite values given."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not vals:
+        return PolicyStat(None, None, 0, len(values))
+    a = np.asarray(vals)
+    se = float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else 0.0
+    return PolicyStat(float(a.mean()), se, len(a), len(values))
+
+
+def summarize_curves(curves: Mapping[str, Mapping[str, Mapping[int, list[CurvePoint]]]],
+                     lengths: Mapping[str, Mapping[int, Callable[[float, str], float | None]]]
+                     | None = None, target: float | None = None,
+                     budgets: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Per clock: budget, target, and per policy accuracy at budget, time to target and (with
+    `lengths[policy][seed](budget, clock)`, the mean completion length in the steps inside the
+    budget) length at budget, each as mean ± se over seeds. `curves[clock][policy][seed]`."""
+    out: dict[str, Any] = {}
+    for clock in CLOCKS:
+        runs = curves.get(clock) or {}
+        if not runs:
+            continue
+        finals = [pts[-1].seconds for seeds in runs.values() for pts in seeds.values() if pts]
+        budget = (budgets or {}).get(clock, min(finals) if finals else math.nan)
+        at_b = {p: {s: accuracy_at_budget(pts, budget) for s, pts in seeds.items()}
+                for p, seeds in runs.items()}
+        tgt = target
+        if tgt is None:
+            start = mean_se([pts[0].accuracy for seeds in runs.values()
+                             for pts in seeds.values() if pts and pts[0].step == 0]).mean
+            best = max((m for m in (mean_se(list(v.values())).mean for v in at_b.values())
+                        if m is not None), default=None)
+            tgt = (None if start is None or best is None
+                   else round(start + 0.8 * max(best - start, 0.01), 3))
+        pols: dict[str, Any] = {}
+        for p, seeds in runs.items():
+            row = {"accuracy_at_budget": asdict(mean_se(list(at_b[p].values()))),
+                   "time_to_target_s": asdict(mean_se(
+                       [time_to_accuracy(pts, tgt) if tgt is not None else None
+                        for pts in seeds.values()])),
+                   "per_seed_accuracy_at_budget": {str(s): v for s, v in at_b[p].items()}}
+            if lengths and p in lengths:
+                row["len_at_budget"] = asdict(mean_se(
+                    [lengths[p][s](budget, clock) for s in seeds if s in lengths[p]]))
+            pols[p] = row
+        out[clock] = {"budget_s": budget, "target": tgt, "policies": pols}
+    return out
+
+
+def format_curves_md(summary: Mapping[str, Any]) -> list[str]:
+    """The results.md section: one table per clock (mean ± se over seeds)."""
+
+    def cell(st: Mapping[str, Any], fmt: str) -> str:
+        if st["n"] == 0:
+            return f"not reached (0/{st['of']})"
+        c = f"{fmt.format(st['mean'])} ± {fmt.format(st['se'])}"
+        return c + (f" ({st['n']}/{st['of']})" if st["n"] < st["of"] else "")
+
+    lines = ["## Held-out accuracy against seconds", "",
+             "Every kept checkpoint evaluated (greedy, held-out split); cells are mean ± "
+             "standard error over seeds. Budget: the smallest final clock over all runs; "
+             "target: 80 % of the way from the step-0 accuracy to the best policy's mean "
+             "accuracy at budget (`sagc_jax/experiments/curves.py`).", ""]
+    for clock, s in summary.items():
+        tgt = "n/a" if s["target"] is None else f"{s['target']:.3f}"
+        lines += [f"Clock `{clock}`: budget {s['budget_s']:.1f} s, target accuracy {tgt}.", "",
+                  "| policy | accuracy at budget | time to target (s) | length at budget "
+                  "(tok) |", "|---|---|---|---|"]
+        for p, r in s["policies"].items():
+            ln = cell(r["len_at_budget"], "{:.1f}") if "len_at_budget" in r else "n/a"
+            lines.append(f"| {p} | {cell(r['accuracy_at_budget'], '{:.3f}')} | "
+                         f"{cell(r['time_to_target_s'], '{:.0f}')} | {ln} |")
+        lines.append("")
+    return lines
