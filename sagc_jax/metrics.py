@@ -18,7 +18,7 @@ import numpy as np
 
 # Keys that depend on wall-clock time; excluded when comparing runs for exact resume.
 TIMING_KEYS = ("rollout_s", "reward_s", "train_s", "step_s", "prefill_s", "decode_s",
-               "tokens_per_s", "compile_s", "time_s", "compiles", "eval_s")
+               "tokens_per_s", "compile_s", "time_s", "compiles", "eval_s", "load_1m")
 
 
 def _clean(v: Any) -> Any:

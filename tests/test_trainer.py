@@ -73,6 +73,7 @@ def test_run_dir_contents_and_zero_compiles(reference_run):
     rows = read_jsonl(d / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 9))
     required = {"step", "group_size", "prompts", "rows", "reward_mean", "len_mean", "len_max",
+                "load_1m",
                 "truncated_frac", "straggler_rate", "sagc_queue", "padding_waste", "rollout_s",
                 "train_s", "step_s", "compiles", "loss", "kl", "grad_norm", "risk_g2", "risk_g4"}
     assert required <= set(rows[0])

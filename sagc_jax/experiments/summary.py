@@ -20,6 +20,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("total_s", "total wall-clock (s)", "{:.0f}"),
     ("steps", "steps", "{:.0f}"),
     ("measured_s", "measured CPU wall-clock (s)", "{:.0f}"),
+    ("load_mean", "load avg (1 min)", "{:.1f}"),
     ("straggler_rate", "straggler rate", "{:.3f}"),
     ("final_reward", "final train reward", "{:.3f}"),
     ("eval_accuracy", "held-out accuracy", "{:.3f}"),
@@ -85,7 +86,9 @@ def summarize_run(rows: Sequence[Mapping[str, Any]], *, target: float, window: i
     - `straggler_rate`: mean per-step fraction of groups with a straggler event;
     - `final_reward`: mean `reward_mean` over the last `final_window` steps;
     - `len_mean` (tokens): mean completion length over the last `len_window` steps;
-    - `mean_group_size`: mean G over all steps; `steps`: number of rows.
+    - `mean_group_size`: mean G over all steps; `steps`: number of rows;
+    - `load_mean`: mean 1-minute load average at the steps' ends (NaN for runs before it was
+      logged): what the `measured` clock ran beside.
     """
     step, secs = time_to_target(rows, target, window, seconds=seconds)
     measured = float(cumulative_seconds(rows)[-1]) if rows else math.nan
@@ -99,6 +102,7 @@ def summarize_run(rows: Sequence[Mapping[str, Any]], *, target: float, window: i
         "final_reward": _tail_mean(rows, "reward_mean", final_window),
         "len_mean": _tail_mean(rows, "len_mean", len_window),
         "mean_group_size": _tail_mean(rows, "group_size", len(rows)),
+        "load_mean": _tail_mean(rows, "load_1m", len(rows)),
     }
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -223,6 +225,9 @@ def train_one(run: Run, step: int) -> dict[str, Any]:
         row["eval_s"] = time.perf_counter() - t0
     row["compiles"] = compile_count() - c0
     row["step_s"] = time.perf_counter() - t_step
+    # The host's 1-minute load average beside every measured second: a step timed on a busy
+    # machine is read as such (the `measured` clock of `sagc-jax compare`).
+    row["load_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     run.writer.write(row, trace_row(step, gv, cfg.sampling.max_new_tokens))
     return row
 
