@@ -1,6 +1,6 @@
 """The ``sagc:`` config section — declared once, used by the trainer and the simulator.
 
-Defaults are the controller's, justified in docs/sagc.md ("Defaults and why"). Field bounds and
+Defaults are the controller's, justified in docs/sagc.md ("Settings"). Field bounds and
 choices are checked by pydantic; the rules that involve several fields are in
 :meth:`SAGCConfig._rules`. Errors are one line naming ``sagc.<field>`` (see
 :mod:`sagc_jax.config.errors`). The controller's other internals are constants

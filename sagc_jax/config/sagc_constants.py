@@ -40,7 +40,7 @@ __all__ = [
 @dataclasses.dataclass(frozen=True)
 class SAGCConstants:
     """The controller's constants; each comment gives the reason for its value (docs/sagc.md,
-    "Defaults and why", has the measurements)."""
+    "Constants", says which were measured by an ablation and which are still argued)."""
 
     # Straggler event (straggler: group_ratio): a row cut at max_new_tokens is a straggler
     # whatever the median, since its true length is unknown and at least the cap.
@@ -94,6 +94,20 @@ class SAGCConstants:
     change_window: int = 32
     # Unused straggler budget saved for later, at most this much (0 = the queue counts debt only).
     credit_cap: float = 100.0
+    # Weight, in rows, of the truncation-rate prior (the run's pooled rate): a regime that has
+    # just begun is a priori like the run so far, so a few hundred clean rows after a change do
+    # not price the largest rungs as if loops were gone.
+    trunc_prior_rows: float = 1000.0
+    # The pooled rate's own pseudo-counts (truncations, rows) before any row is seen: 10 %.
+    trunc_pooled_prior: tuple[float, float] = (0.1, 1.0)
+    # The length trend counts only slopes more than this many standard errors from 0, and only
+    # after this many steps of weight (z = 2 and 20 steps read the steps between a jump in
+    # lengths and its detection as a change as growth: drift 1.069 vs 1.072 over 40 seeds).
+    trend_z: float = 3.0
+    trend_min_weight: float = 50.0
+    # An unmeasured shape's interpolated seconds never go below this fraction of the smallest
+    # measured shape's (`timing: measured`): a noisy negative slope cannot make a shape free.
+    cost_floor_frac: float = 0.5
     # Seed of the controller's Monte-Carlo draws (key (seed, step, salt)); the simulator passes
     # its own seed instead (init_state(cfg, seed=...)), as it always did.
     seed: int = 0

@@ -51,22 +51,20 @@ def batch_prompts(cfg: Any, state: State) -> np.ndarray:
     return np.array([prompts_for(cfg, g, b) for g in cfg.group_sizes], np.int64)
 
 
-_PRIOR_ROWS = 1000.0  # weight of the truncation-rate prior, in rows
-
-
 def _trunc_beta(length: Sub) -> tuple[float, float]:
     """Beta posterior (a, b) of the per-row truncation rate in the current regime.
 
-    Prior: the whole run's pooled rate (itself with 0.1 pseudo-truncations in 1 pseudo-row),
-    worth _PRIOR_ROWS rows; empirical Bayes: a regime that has just begun is a priori like the
-    run so far, not free of loops — a few hundred clean rows after a change would otherwise
-    price the largest rungs as if loops were gone.
+    Prior: the whole run's pooled rate (itself with ``trunc_pooled_prior`` pseudo-counts),
+    worth ``trunc_prior_rows`` rows (`sagc_constants`); empirical Bayes: a regime that has just
+    begun is a priori like the run so far, not free of loops.
     """
+    c = constants()
     all_rows, all_trunc = length["trunc_total"]
-    p0 = (float(all_trunc) + 0.1) / (float(all_rows) + 1.0)
+    p_a, p_n = c.trunc_pooled_prior
+    p0 = (float(all_trunc) + p_a) / (float(all_rows) + p_n)
     rows, trunc = length["trunc_s"]
-    a = float(trunc) + _PRIOR_ROWS * p0
-    b = max(float(rows - trunc), 0.0) + _PRIOR_ROWS * (1.0 - p0)
+    a = float(trunc) + c.trunc_prior_rows * p0
+    b = max(float(rows - trunc), 0.0) + c.trunc_prior_rows * (1.0 - p0)
     return a, b
 
 
@@ -78,7 +76,7 @@ def truncation_rate(length: Sub) -> float:
 
 
 def expected_decode_steps(
-    cfg: Any, state: State, rng: np.random.Generator, mc: int = 64
+    cfg: Any, state: State, rng: np.random.Generator, mc: int | None = None
 ) -> np.ndarray:
     """E[decode steps] at each candidate g: float [K].
 
@@ -87,7 +85,9 @@ def expected_decode_steps(
     them would be noisy) and the untruncated max bootstrapped: B(g) medians drawn from recent
     group medians, g residuals each from recent untruncated rows. Steps are rounded up to
     decode_chunk; common random numbers across candidates keep their comparison low-noise.
+    `mc` bootstrap draws (None: the constant ``mc_samples``).
     """
+    mc = constants().mc_samples if mc is None else mc
     ln, co = state["length"], state["cost"]
     eps = ring_view(ln["eps_ring"], ln["rows_seen"], ln["rows_since"])
     eps = eps if len(eps) else np.ones(1)
@@ -126,7 +126,8 @@ def _interp_rows(rows: np.ndarray, measured: np.ndarray, values: np.ndarray) -> 
 
     0 measured shapes -> NaN (caller substitutes); 1 -> flat (optimistic: the accelerator case;
     a larger shape gets measured once tried); >=2 -> linear fit, floored at half the smallest
-    measured value so a noisy negative slope cannot make a shape look free.
+    measured value (``cost_floor_frac``) so a noisy negative slope cannot make a shape look
+    free.
     """
     out = np.full(len(rows), np.nan)
     if not measured.any():
@@ -134,7 +135,7 @@ def _interp_rows(rows: np.ndarray, measured: np.ndarray, values: np.ndarray) -> 
     xr, yr = rows[measured].astype(np.float64), values[measured]
     if len(np.unique(xr)) >= 2:
         slope, icpt = np.polyfit(xr, yr, 1)
-        fit = np.maximum(icpt + slope * rows, 0.5 * yr.min())
+        fit = np.maximum(icpt + slope * rows, constants().cost_floor_frac * yr.min())
     else:
         fit = np.full(len(rows), yr.mean())
     return np.where(measured, values, fit)
@@ -272,16 +273,18 @@ def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
     return float(((k > 0) & (k < g)).sum()) * (1.0 - 1.0 / g)
 
 
-def length_trend(length: Sub, min_weight: float = 50.0, z: float = 3.0) -> float:
+def length_trend(length: Sub, min_weight: float | None = None, z: float | None = None) -> float:
     """Per-step growth rate of the median completion length within the regime, 1/step.
 
     The slope of the discounted least-squares fit of log median length on step
     (``trend_s``), shrunk by its noise: ρ (1 - z² se²/ρ²)⁺, so a slope within z standard
     errors of 0 counts as none (extrapolated over the rest of a run, a noise slope would move
-    λ by tens of percent). 0 with fewer than ``min_weight`` steps of weight. (z = 2 and 20
-    steps let the few steps between a jump in lengths and its detection as a change read as
-    growth: drift 1.069 vs 1.072 over 40 seeds; z = 3 and 50 keep the gains on real trends.)
+    λ by tens of percent). 0 with fewer than ``min_weight`` steps of weight. None: the
+    constants ``trend_min_weight`` and ``trend_z`` (`sagc_constants`, with the reason).
     """
+    c = constants()
+    min_weight = c.trend_min_weight if min_weight is None else min_weight
+    z = c.trend_z if z is None else z
     w, st, stt, sy, sty, syy = length["trend_s"]
     sxx = stt - st * st / max(w, 1e-12)
     if w < min_weight or sxx <= 1e-9 * max(stt, 1.0):
