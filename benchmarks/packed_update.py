@@ -82,20 +82,20 @@ def _mixed_bf16_residuals(x, w, dtype, w_t, out_dtype):
 
 
 def _old_fwd(x, w, dtype, w_t, out_dtype):
-    from sagc_jax.models.precision import _dot, row_major_t
+    from sagc_jax.models.precision import dot_f32, row_major_t
 
     xc, wc = x.astype(dtype), w.astype(dtype)
-    y = _dot(xc, row_major_t(wc) if w_t else wc).astype(out_dtype)
+    y = dot_f32(xc, row_major_t(wc) if w_t else wc).astype(out_dtype)
     return y, (xc, wc, jnp.zeros((), x.dtype), jnp.zeros((), w.dtype))
 
 
 def _old_bwd(dtype, w_t, out_dtype, res, g):
-    from sagc_jax.models.precision import _dot, row_major_t
+    from sagc_jax.models.precision import dot_f32, row_major_t
 
     xc, wc, x0, w0 = res
     gc = g.astype(dtype)
-    dx = _dot(gc, wc if w_t else row_major_t(wc)).astype(x0.dtype)
-    dw = _dot(row_major_t(xc), gc)
+    dx = dot_f32(gc, wc if w_t else row_major_t(wc)).astype(x0.dtype)
+    dw = dot_f32(row_major_t(xc), gc)
     return dx, (row_major_t(dw) if w_t else dw).astype(w0.dtype)
 
 

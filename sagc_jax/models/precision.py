@@ -30,7 +30,8 @@ def row_major_t(a: jax.Array) -> jax.Array:
     return a.reshape(m, n, 1).transpose(1, 0, 2).reshape(n, m)
 
 
-def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
+def dot_f32(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a [m, k] @ b [k, n] accumulated (and returned) in float32 whatever the operands' dtype."""
     return jax.lax.dot(a, b, preferred_element_type=jnp.float32)
 
 
@@ -41,7 +42,7 @@ def _mixed(x: jax.Array, w: jax.Array, dtype: str, w_t: bool, out_dtype: str) ->
 
 def _mixed_fwd(x, w, dtype, w_t, out_dtype):
     xc, wc = x.astype(dtype), w.astype(dtype)
-    y = _dot(xc, row_major_t(wc) if w_t else wc).astype(out_dtype)
+    y = dot_f32(xc, row_major_t(wc) if w_t else wc).astype(out_dtype)
     return y, (x, w)
 
 
@@ -52,8 +53,8 @@ def _mixed_bwd(dtype, w_t, out_dtype, res, g):
     # backward loop (~3 s of a 12 s chunk gradient, benchmarks/README.md).
     x, w = res
     xc, wc, gc = x.astype(dtype), w.astype(dtype), g.astype(dtype)
-    dx = _dot(gc, wc if w_t else row_major_t(wc)).astype(x.dtype)
-    dw = _dot(row_major_t(xc), gc)  # [in, out]
+    dx = dot_f32(gc, wc if w_t else row_major_t(wc)).astype(x.dtype)
+    dw = dot_f32(row_major_t(xc), gc)  # [in, out]
     return dx, (row_major_t(dw) if w_t else dw).astype(w.dtype)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -137,6 +137,21 @@ class Rollout:
 _STAT_KEYS = ("prefill_s", "decode_s", "decode_steps", "padding_waste", "compiles")
 
 
+class KeptGroup(NamedTuple):
+    """One sampled group kept for the update: its example and its G rows' arrays ([G, N] for
+    tokens / logprobs, [G] for the rest) and completion texts."""
+
+    example: dict[str, Any]
+    scored: np.ndarray  # [G] bool: some reward function applied
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    rewards: np.ndarray  # shaped
+    raw_rewards: np.ndarray  # before overlong shaping
+    completions: list[str]
+
+
 def collect(sampler: Sampler, prompts: PromptStream, g: int, rewards: Sequence[RewardFn], *,
             step: int, num_prompts: int, params: Any, tokenizer: Any,
             settings: CollectSettings, hosts: Hosts | None = None) -> Rollout:
@@ -148,7 +163,7 @@ def collect(sampler: Sampler, prompts: PromptStream, g: int, rewards: Sequence[R
     hosts = hosts or Hosts()
     st = settings
     rounds = 1 + (st.dynamic_sampling_rounds if st.dynamic_sampling else 0)
-    kept: list[tuple] = []  # per group: (example, tokens, logp, len, trunc, rew, raw, comps)
+    kept: list[KeptGroup] = []
     stats = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "padding_waste": 0,
              "compiles": 0, "rollout_rounds": 0, "reward_s": 0.0}
     first = None
@@ -188,12 +203,13 @@ def collect(sampler: Sampler, prompts: PromptStream, g: int, rewards: Sequence[R
             if st.dynamic_sampling and (not sc.any() or np.ptp(shaped[sl][sc]) == 0):
                 continue  # no learning signal: refilled next round, or dropped after the last
             if len(kept) < local:
-                kept.append((ex, sc, out.tokens[sl], out.logprobs[sl], out.lengths[sl],
-                             out.truncated[sl], shaped[sl], raw[sl], comps[sl]))
+                kept.append(KeptGroup(ex, sc, out.tokens[sl], out.logprobs[sl],
+                                      out.lengths[sl], out.truncated[sl], shaped[sl], raw[sl],
+                                      comps[sl]))
     return _assemble(kept, g, local, st, stats, first, errors, hosts)
 
 
-def _assemble(kept: list[tuple], g: int, num_prompts: int, st: CollectSettings,
+def _assemble(kept: list[KeptGroup], g: int, num_prompts: int, st: CollectSettings,
               stats: dict[str, float], first: FirstRound | None, errors: int,
               hosts: Hosts) -> Rollout:
     """Kept groups -> fixed-shape arrays; missing groups stay invalid padding."""
@@ -208,12 +224,12 @@ def _assemble(kept: list[tuple], g: int, num_prompts: int, st: CollectSettings,
     comps_all = [""] * rows
     examples = []
     scored = np.zeros(rows, bool)
-    for i, (ex, sc, t, lp, ln, tr, sh, rw, cm) in enumerate(kept):
+    for i, k in enumerate(kept):
         sl = slice(i * g, (i + 1) * g)
-        tokens[sl], logp[sl], lengths[sl], trunc[sl] = t, lp, ln, tr
-        rew[sl], raw_r[sl], valid[sl], scored[sl] = sh, rw, True, sc
-        comps_all[sl] = cm
-        examples.append(ex)
+        tokens[sl], logp[sl], lengths[sl], trunc[sl] = k.tokens, k.logprobs, k.lengths, k.truncated
+        rew[sl], raw_r[sl], valid[sl], scored[sl] = k.rewards, k.raw_rewards, True, k.scored
+        comps_all[sl] = k.completions
+        examples.append(k.example)
     # Padding groups reuse the first prompt so the batch keeps its compiled shape.
     filler = examples[0] if examples else None
     while len(examples) < num_prompts:
