@@ -141,14 +141,10 @@ def run_comparison(config: str, out_dir: str | os.PathLike[str], *, seeds: Seque
             for s in seeds:
                 n = cut_at_budget(rows[p.name][s], budget, clock, tms[(p.name, s)])
                 rows[p.name][s], clocks[p.name][s] = rows[p.name][s][:n], clocks[p.name][s][:n]
-    evals: dict[tuple[str, int], dict[str, Any]] = {}
-    for seed in seeds:
-        for pol in policies:
-            rs = rows[pol.name][seed]
-            evals[(pol.name, seed)] = eval_run(
-                Path(cfgs[(pol.name, seed)].run.dir), num_samples=num_samples, limit=eval_limit,
-                batch_prompts=eval_batch,
-                at_step=int(rs[-1]["step"]) if budget is not None and rs else None)
+    evals = {(p.name, s): eval_run(
+        Path(cfgs[(p.name, s)].run.dir), num_samples=num_samples, limit=eval_limit,
+        batch_prompts=eval_batch, at_step=int(rows[p.name][s][-1]["step"])
+        if budget is not None and rows[p.name][s] else None) for s in seeds for p in policies}
     target_note = "fixed by --target"
     if target is None:
         target, target_note = _auto_target(rows, window)
