@@ -28,15 +28,21 @@ import importlib
 import logging
 import math
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import numpy as np
 
+from sagc_jax.rl.answer_rewards import (  # the answer-matching built-ins, re-exported
+    exact_answer_reward,
+    extract_final_answer,
+    extract_gsm8k_answer,
+    format_reward,
+    gsm8k_reward,
+    normalize_number,
+)
 from sagc_jax.rl.verifiers import (
     math_verify_reward,
     reasoning_gym_reward,
@@ -73,127 +79,6 @@ class RewardError(RuntimeError):
 class RewardNameError(ValueError):
     """A reward name that resolves to no callable (a config error: the message names it)."""
 
-
-# ----------------------------------------------------------------------------- answer parsing
-
-_NUM = r"-?\$?\s*-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
-_HASH_RE = re.compile(r"####\s*(" + _NUM + r")")
-_NUM_RE = re.compile(_NUM)
-_FORMAT_RE = re.compile(r"(?:^|\n)####[ \t]*-?\d[\d,]*(?:\.\d+)?[ \t]*$")
-
-
-def normalize_number(text: str) -> str | None:
-    """Canonical string of a number: ``"$1,234.50"`` → ``"1234.5"``, ``"42.0"`` → ``"42"``,
-    ``"-3"`` → ``"-3"``. ``None`` if ``text`` is not a number."""
-    s = str(text).strip()
-    for junk in ("\\$", "$", "\\%", "%", ",", "\\,", "\\!", " "):
-        s = s.replace(junk, "")
-    s = s.rstrip(".")
-    if s.startswith("--"):
-        return None
-    try:
-        d = Decimal(s)
-    except InvalidOperation:
-        return None
-    if not d.is_finite():
-        return None
-    if d == d.to_integral_value():
-        return str(int(d))
-    return format(d.normalize(), "f")
-
-
-def extract_final_answer(completion: str) -> str | None:
-    """The number after the first ``####`` marker (the built-in task's answer line), normalised."""
-    m = _HASH_RE.search(completion)
-    return normalize_number(m.group(1)) if m else None
-
-
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return None
-
-
-def extract_gsm8k_answer(text: str) -> str | None:
-    """GSM8K-style final answer of a completion or reference, normalised.
-
-    Order: the number after ``####``; else the content of the last ``\\boxed{...}``; else the last
-    number in the text. ``None`` if there is no number.
-    """
-    ans = extract_final_answer(text)
-    if ans is not None:
-        return ans
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        num = normalize_number(boxed)
-        if num is not None:
-            return num
-        nums = _NUM_RE.findall(boxed)
-        if nums:
-            return normalize_number(nums[-1])
-    nums = _NUM_RE.findall(text)
-    return normalize_number(nums[-1]) if nums else None
-
-
-def _require_answers(name: str, n: int, answer: Sequence[Any] | None) -> Sequence[Any]:
-    if answer is None:
-        raise ValueError(f"reward {name!r} needs an 'answer' column")
-    if len(answer) != n:
-        raise ValueError(f"reward {name!r}: {len(answer)} answers for {n} completions")
-    return answer
-
-
-# ----------------------------------------------------------------------------- built-ins
-
-
-def exact_answer_reward(
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    answer: Sequence[Any] | None = None,
-    **_: Any,
-) -> list[float]:
-    """1.0 if the completion's ``#### N`` answer equals ``answer`` (numerically), else 0.0."""
-    answers = _require_answers("exact_answer", len(completions), answer)
-    out = []
-    for c, a in zip(completions, answers):
-        got = extract_final_answer(c)
-        ref = normalize_number(str(a))
-        out.append(1.0 if got is not None and got == ref else 0.0)
-    return out
-
-
-def gsm8k_reward(
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    answer: Sequence[Any] | None = None,
-    **_: Any,
-) -> list[float]:
-    """1.0 if the GSM8K-style final answers of completion and reference agree, else 0.0.
-
-    The reference may be a bare number or a full GSM8K solution ending in ``#### 42``.
-    """
-    answers = _require_answers("gsm8k", len(completions), answer)
-    out = []
-    for c, a in zip(completions, answers):
-        ref = extract_gsm8k_answer(str(a))
-        got = extract_gsm8k_answer(c)
-        out.append(1.0 if ref is not None and got == ref else 0.0)
-    return out
-
-
-def format_reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
-    """1.0 if the completion ends with a well-formed ``#### <number>`` line, else 0.0."""
-    return [1.0 if _FORMAT_RE.search(c.rstrip()) else 0.0 for c in completions]
 
 
 #: Built-in reward functions by config name.
