@@ -70,6 +70,8 @@ def test_simulate_main_writes_json_png_and_table(tmp_path, capsys):
         ("workload.bogus=1", "workload.bogus"),
         ("steps=-3", "steps"),
         ("timing.decode_a=-1", "timing.decode_a"),
+        ("timing.noise=-0.1", "timing.noise"),
+        ("timing.drift=abc", "timing.drift"),
         ("workload.drift=[{loop_prob: 0.1}]", "workload.drift[0]"),
         ("sagc.nope=1", "sagc.nope"),
     ],
@@ -102,6 +104,26 @@ def test_common_random_numbers_and_determinism():
     assert d1.lengths.shape == (4, 8)  # every policy slices [:B, :g] of the same block
     assert not np.array_equal(sim.workload.draw(8).lengths, d1.lengths)
     assert (d1.lengths[d1.truncated] == 256).all()
+
+
+def test_timing_noise_and_drift_scale_every_policys_seconds_alike():
+    """`timing.noise` / `timing.drift`: each step's seconds times exp(noise z + drift t / T),
+    the same factor for every policy at a step; without them the run is the noiseless one."""
+    from sagc_jax.sagc.simulate import make_policies, run_policies, time_factor
+
+    base = parse_sim_config(SMALL)
+    assert base.time_noise == 0.0 and time_factor(base, 5) == 1.0
+    noisy = parse_sim_config({**SMALL, "steps": 400, "timing": {"noise": 0.2, "drift": 0.5}})
+    f = np.array([time_factor(noisy, t) for t in range(400)])
+    logs = np.log(f) - 0.5 * np.arange(400) / 400
+    assert abs(logs.std() - 0.2) < 0.02 and abs(logs.mean()) < 0.03
+    assert time_factor(noisy, 7) == time_factor(noisy, 7)  # a function of (seed, step)
+    quiet = parse_sim_config({**SMALL, "steps": 400})
+    pols = {"static-4": make_policies(quiet)["static-4"]}
+    t_quiet = run_policies(quiet, pols)["static-4"]["step_s"]
+    pols = {"static-4": make_policies(noisy)["static-4"]}
+    t_noisy = run_policies(noisy, pols)["static-4"]["step_s"]
+    np.testing.assert_allclose(t_noisy, t_quiet * f, rtol=1e-12)
 
 
 def test_drift_changes_parameters_at_step():

@@ -84,6 +84,12 @@ class SimConfig:
     drift_steps: tuple[int, ...]
     ramps: tuple[tuple[int, int], ...] = ()  # [start, end) of linear drift ramps
     oracle_window: int = 100
+    # A device's timings are not a line: per-step log-normal noise (sigma of the log) on every
+    # prefill and decode second, and a linear drift of the log over the run (e.g. 0.3: the
+    # last step 35 % slower, thermal throttling); both 0 = the noiseless model. Shared by all
+    # policies at a step (common random numbers).
+    time_noise: float = 0.0
+    time_drift: float = 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,7 +191,13 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
             prev_at = at
         ramp_ends = frozenset(b for _, b in ramps)
         workload = SyntheticWorkload(base, drift, pmax, gmax, seed, ramp_ends)
-    timing = time_model_from_dict(raw.get("timing"), base_dir)
+    timing_raw = dict(raw.get("timing") or {})
+    noise = {k: timing_raw.pop(k, 0.0) for k in ("noise", "drift")}
+    for k, v in noise.items():
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or (
+                k == "noise" and v < 0):
+            raise ValueError(f"timing.{k}: a number{' >= 0' if k == 'noise' else ''}, got {v!r}")
+    timing = time_model_from_dict(timing_raw, base_dir)
     return SimConfig(
         steps,
         seed,
@@ -198,6 +210,8 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         tuple(drift_steps),
         tuple(ramps),
         owin,
+        float(noise["noise"]),
+        float(noise["drift"]),
     )
 
 
@@ -216,8 +230,22 @@ def load_sim_config(path: str | Path, overrides: list[str] | None = None) -> Sim
 # --------------------------------------------------------------------------------------------
 
 
-def run_step(sim: SimConfig, draw: StepDraw, g: int) -> tuple[Observation, float, float]:
-    """Slice the step's block for group size g; returns (observation, step seconds, benefit)."""
+_SALT_TIME = 0x71E5
+
+
+def time_factor(sim: SimConfig, step: int) -> float:
+    """Multiplier of step `step`'s seconds: exp(noise z + drift step / steps), z ~ N(0, 1)
+    from (seed, step); 1.0 without noise and drift."""
+    if not sim.time_noise and not sim.time_drift:
+        return 1.0
+    z = np.random.default_rng((sim.seed, step, _SALT_TIME)).standard_normal()
+    return float(np.exp(sim.time_noise * z + sim.time_drift * step / max(sim.steps, 1)))
+
+
+def run_step(sim: SimConfig, draw: StepDraw, g: int, factor: float = 1.0
+             ) -> tuple[Observation, float, float]:
+    """Slice the step's block for group size g; returns (observation, step seconds, benefit).
+    `factor` scales the step's seconds (`time_factor`)."""
     b = prompts_for(sim.sagc, g, sim.prompts_per_step)
     lengths = draw.lengths[:b, :g]
     truncated = draw.truncated[:b, :g]
@@ -225,7 +253,7 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int) -> tuple[Observation, float
     rows = b * g
     tm = sim.timing
     steps = tm.decode_steps(int(lengths.max()), draw.max_new_tokens)
-    pre, dec = tm.prefill_s(rows), steps * tm.decode_step_s(rows)
+    pre, dec = factor * tm.prefill_s(rows), factor * steps * tm.decode_step_s(rows)
     informative = (rewards.max(-1) != rewards.min(-1)).sum()
     benefit = float(informative) * (1.0 - 1.0 / g)
     obs = Observation(
@@ -279,9 +307,10 @@ def run_policies(
     }
     for t in range(start, start + steps):
         draw = sim.workload.draw(t)
+        factor = time_factor(sim, t)
         for name, pol in policies.items():
             g = pol.choose()
-            obs, sec, ben = run_step(sim, draw, g)
+            obs, sec, ben = run_step(sim, draw, g, factor)
             m = pol.observe(obs)
             tr = traj[name]
             tr["group_size"].append(g)
