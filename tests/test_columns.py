@@ -149,3 +149,18 @@ def test_user_reward_columns_from_its_signature(tmp_path, monkeypatch, capsys):
     assert rc == 2
     assert line.startswith(f"sagc-jax train: error: {evalf} line 1: column 'unit' is missing, "
                            "and reward 'my_rewards:unit_reward' reads it"), line
+
+
+def test_eval_command_check_names_source_example_and_column():
+    """`sagc-jax eval` checks its loaded examples against its rewards the same way."""
+    from sagc_jax.data.columns import check_examples
+
+    fns = build_reward_fns(["exact_answer", "reasoning_gym"])
+    need = required_columns(None, fns, "eval")
+    assert list(need) == ["rg_entry", "rg_config"]
+    rows = [dict(r, rg_entry={}, rg_config="{}") for r in ROWS[:3]]
+    check_examples(rows, need, "e.jsonl")  # every column there: no error
+    del rows[2]["rg_config"]
+    with pytest.raises(DataError, match=r"^e\.jsonl example 2: column 'rg_config' is missing, "
+                                        r"and reward 'reasoning_gym' reads it"):
+        check_examples(rows, need, "e.jsonl")

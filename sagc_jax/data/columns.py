@@ -12,10 +12,10 @@ row and the column, before a model is built.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["BUILTIN_REWARD_COLUMNS", "required_columns", "reward_columns"]
+__all__ = ["BUILTIN_REWARD_COLUMNS", "check_examples", "required_columns", "reward_columns"]
 
 #: Columns each built-in reward cannot score without (``answer`` is the reader's own
 #: ``data.answer_column``, always present; see sagc_jax/rl/rewards.py and verifiers.py).
@@ -57,7 +57,7 @@ def reward_columns(name: str, fn: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def required_columns(cfg: Any, reward_fns: Sequence[Any], split: str) -> dict[str, str]:
+def required_columns(cfg: Any | None, reward_fns: Sequence[Any], split: str) -> dict[str, str]:
     """File column -> why the run needs it, with the ways out, for the `split` ("train" or
     "eval") of a run config `cfg` and its reward functions (objects with `.name` and `.fn`).
 
@@ -66,7 +66,7 @@ def required_columns(cfg: Any, reward_fns: Sequence[Any], split: str) -> dict[st
     answer column is left out: the readers require ``data.answer_column`` in every row already.
     """
     out: dict[str, str] = {}
-    steps = cfg.init.sft_steps
+    steps = cfg.init.sft_steps if cfg is not None else 0
     if split == "train" and steps > 0:
         out[cfg.data.solution_column] = (
             f"the SFT warm start (init.sft_steps={steps}) trains on it: set "
@@ -81,3 +81,17 @@ def required_columns(cfg: Any, reward_fns: Sequence[Any], split: str) -> dict[st
                         f"{f' (or use {source}, which provides it)' if source else ''}, or "
                         f"remove {rf.name!r} from rewards")
     return out
+
+
+def check_examples(examples: Sequence[Mapping[str, Any]], required: Mapping[str, str],
+                   where: str) -> None:
+    """Every example has every `required` column (not null): DataError naming `where` (the
+    file or task), the 0-based example and the column otherwise. For examples already loaded
+    (`sagc-jax eval`); the trainer checks while reading (the readers' ``required=``)."""
+    from sagc_jax.data.readers import DataError
+
+    for i, ex in enumerate(examples):
+        for col, why in required.items():
+            if ex.get(col) is None:
+                raise DataError(f"{where} example {i}: column {col!r} is missing, and {why} "
+                                f"(columns: {sorted(ex)})")

@@ -133,12 +133,13 @@ def _model_vocab(model_path: str) -> int | None:
 
 
 def _check_gguf(path: str, key: str) -> None:
-    """Opens a GGUF file's metadata with gguf-py: GGUFError (the file named damaged, one line)
-    for a truncated or corrupt file; TokenizerError when gguf-py is not installed."""
-    from sagc_jax.models.gguf import GGUFError, open_gguf  # lazily: models pulls in jax, flax
+    """Reads a GGUF file's metadata with gguf-py: GGUFError (one line naming the file) for a
+    truncated or corrupt file or an architecture we cannot load, which transformers' tokenizer
+    loader would report as a tokenizer problem; TokenizerError when gguf-py is not installed."""
+    from sagc_jax.models.gguf import GGUFError, gguf_hf_dict, open_gguf  # lazily: jax, flax
 
     try:
-        open_gguf(path)
+        gguf_hf_dict(open_gguf(path), path)
     except ImportError as e:
         raise TokenizerError(f"{key}: {e}") from None
     except GGUFError as e:
