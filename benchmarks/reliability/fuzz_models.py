@@ -6,7 +6,7 @@ each case damages a copy, seeded:
 
   gguf_truncated        the file cut at a random byte (an interrupted download)
   gguf_architecture     `general.architecture` one we do not load (falcon, gemma, ...)
-  gguf_missing_tensor   one random tensor left out
+  gguf_missing_tensor   one random tensor left out (not output.weight: see `_damage`)
   st_truncated          model.safetensors cut at a random byte
   st_missing_tensor     one random tensor left out of model.safetensors
   st_extra_tensor       a tensor this architecture does not have added
@@ -158,7 +158,10 @@ def _damage(kind: str, rng: random.Random, base: dict[str, Path], d: Path) -> tu
         write_gguf(d / "m.gguf", arch=arch)
         return str(d / "m.gguf"), f"general.architecture {arch}", [f"'{arch}' is not supported"]
     if kind == "gguf_missing_tensor":
-        names = sorted(_gguf_tensors(len(_tokens()), np.random.default_rng(0)))
+        # Not output.weight: a GGUF without it is a tied-embedding model by the format's own
+        # convention (llama.cpp reads it so, as we do), a different valid model, not damage.
+        names = sorted(set(_gguf_tensors(len(_tokens()), np.random.default_rng(0)))
+                       - {"output.weight"})
         name = rng.choice(names)
         write_gguf(d / "m.gguf", drop=name)
         return str(d / "m.gguf"), f"without {name}", [f"'{name}'"]

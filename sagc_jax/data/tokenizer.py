@@ -134,12 +134,16 @@ def _model_vocab(model_path: str) -> int | None:
 
 def _check_gguf(path: str, key: str) -> None:
     """Reads a GGUF file's metadata with gguf-py: GGUFError (one line naming the file) for a
-    truncated or corrupt file or an architecture we cannot load, which transformers' tokenizer
-    loader would report as a tokenizer problem; TokenizerError when gguf-py is not installed."""
+    truncated or corrupt file or, for `model.path`, a model we cannot load (architecture,
+    missing numbers), which transformers' tokenizer loader would report as a tokenizer
+    problem; TokenizerError when gguf-py is not installed. A `model.tokenizer` GGUF may be a
+    vocabulary-only file: only its readability is checked."""
     from sagc_jax.models.gguf import GGUFError, gguf_hf_dict, open_gguf  # lazily: jax, flax
 
     try:
-        gguf_hf_dict(open_gguf(path), path)
+        reader = open_gguf(path)
+        if key == "model.path":
+            gguf_hf_dict(reader, path)
     except ImportError as e:
         raise TokenizerError(f"{key}: {e}") from None
     except GGUFError as e:
