@@ -63,7 +63,8 @@ def normalize_row(
         raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if prompt_column not in row:
         raise DataError(
-            f"{where}: missing prompt column {prompt_column!r} (columns: {sorted(row)})"
+            f"{where}: missing prompt column {prompt_column!r} (columns: {sorted(row)}; "
+            "data.prompt_column names it)"
         )
     prompt = row[prompt_column]
     if not isinstance(prompt, str):
@@ -84,7 +85,8 @@ def normalize_row(
     if answer_column is not None:
         if answer_column not in row:
             raise DataError(
-                f"{where}: missing answer column {answer_column!r} (columns: {sorted(row)})"
+                f"{where}: missing answer column {answer_column!r} (columns: {sorted(row)}; "
+                "data.answer_column names it)"
             )
         answer = row[answer_column]
         if isinstance(answer, bool) or not isinstance(answer, str | int | float):
@@ -229,7 +231,8 @@ def read_parquet(
     names = table.column_names
     for role, col in (("prompt", prompt_column), ("answer", answer_column)):
         if col is not None and col not in names:
-            raise DataError(f"{path}: missing {role} column {col!r} (columns: {sorted(names)})")
+            raise DataError(f"{path}: missing {role} column {col!r} (columns: {sorted(names)}; "
+                            f"data.{role}_column names it)")
     for col, why in (required or {}).items():
         if col not in names:
             raise DataError(f"{path}: column {col!r} is missing, and {why} (columns: "
