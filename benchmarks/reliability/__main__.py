@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         r = run_model_fuzz(args.model_cases, args.seed)
         _show("model files (truncated / foreign-architecture / missing-tensor GGUF; truncated, "
-              "missing- and extra-tensor safetensors)", r.tried, r.outcomes, r.failures,
-              time.time() - t0)
+              "missing- and extra-tensor safetensors; tokenizer larger than the vocabulary)",
+              r.tried, r.outcomes, r.failures, time.time() - t0)
         if args.model_record:
             with open(args.model_record, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(rec) + "\n" for rec in r.records)

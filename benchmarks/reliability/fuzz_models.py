@@ -10,6 +10,8 @@ each case damages a copy, seeded:
   st_truncated          model.safetensors cut at a random byte
   st_missing_tensor     one random tensor left out of model.safetensors
   st_extra_tensor       a tensor this architecture does not have added
+  vocab_mismatch        config.json's vocab_size below its tokenizer's token count (a
+                        tokenizer that does not fit the weights)
 
 and the trainer's start-up path reads it (`load_run_tokenizer`, then `from_pretrained`, the
 order `build_run` uses). A case passes when the error is one the CLI exits 2 for
@@ -22,6 +24,7 @@ naming the file. Every case is recorded (kind, seed, what was done, outcome, exi
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -36,7 +39,7 @@ from typing import Any
 import numpy as np
 
 KINDS = ("gguf_truncated", "gguf_architecture", "gguf_missing_tensor", "st_truncated",
-         "st_missing_tensor", "st_extra_tensor")
+         "st_missing_tensor", "st_extra_tensor", "vocab_mismatch")
 FOREIGN = ("falcon", "gemma", "gemma3", "phi3", "mamba", "bert", "gpt2", "qwen3", "starcoder2",
            "t5", "bloom", "mpt", "stablelm", "olmo", "deepseek2", "command-r")
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,6 +170,13 @@ def _damage(kind: str, rng: random.Random, base: dict[str, Path], d: Path) -> tu
         return str(d / "m.gguf"), f"without {name}", [f"'{name}'"]
     shutil.copytree(base["hf"], d / "m")
     st = d / "m" / "model.safetensors"
+    if kind == "vocab_mismatch":
+        cfg_file = d / "m" / "config.json"
+        hf = json.loads(cfg_file.read_text())
+        vocab = rng.randrange(8, hf["vocab_size"])
+        cfg_file.write_text(json.dumps({**hf, "vocab_size": vocab}))
+        return str(d / "m"), f"config.json vocab_size {hf['vocab_size']} -> {vocab}", [
+            f"vocab_size {vocab}", "tokens"]
     if kind == "st_truncated":
         data = st.read_bytes()
         cut = rng.randrange(1, len(data))
