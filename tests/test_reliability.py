@@ -128,10 +128,10 @@ def test_rows_that_used_to_crash_are_data_errors(tmp_path):
 def test_damaged_and_foreign_model_files_are_refused_naming_file_and_tensor():
     """The short model-file harness: every kind of damage (truncated / foreign-architecture /
     missing-tensor GGUF; truncated, missing- and extra-tensor safetensors; a tokenizer larger
-    than the vocabulary) is refused with one
-    line naming the file (and the tensor or architecture); one case per kind through the CLI
-    (exit 2). Before issue 50 a safetensors file missing a tensor exited 1, and a foreign
-    architecture or a truncated GGUF was reported as a tokenizer problem."""
+    than the vocabulary) is refused with one line naming the file (and the tensor,
+    architecture or vocabulary size); two kinds also through the CLI (exit 2). Before issue 50
+    a safetensors file missing a tensor exited 1, and a foreign architecture or a truncated
+    GGUF was reported as a tokenizer problem."""
     res = fuzz_models.run_model_fuzz(2, seed=50, cli=False)
     assert res.failures == [], res.failures[:3]
     assert res.tried == 2 * len(fuzz_models.KINDS)
