@@ -256,6 +256,10 @@ def _eval(argv: list[str]) -> int:
         else:  # a bare HF model: the task's verifier, or exact-answer matching for a file
             reward_fns = [RewardFn.from_name(get_task(task).default_reward if task
                                              else "exact_answer")]
+        from sagc_jax.data.columns import check_examples, required_columns
+
+        check_examples(examples, required_columns(cfg, reward_fns, "eval"),
+                       args.data or cfg.data.eval_file or f"data.task {task}")
         s = cfg.sampling if cfg is not None else None
         result = evaluate(
             model, tok, examples, reward_fns=reward_fns, num_samples=args.num_samples,

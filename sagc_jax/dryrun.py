@@ -100,8 +100,11 @@ def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelC
     if m.preset is not None:
         from sagc_jax.models.presets import load_preset
 
-        mcfg = dataclasses.replace(load_preset(m.preset, dtype=m.dtype), remat=m.remat,
-                                   param_dtype=m.param_dtype, matmul_dtype=m.matmul_dtype)
+        # `model.lora` too: without it the fallback sized full fine-tuning (AdamW state for
+        # every weight), not the run the config describes.
+        mcfg = with_lora(dataclasses.replace(
+            load_preset(m.preset, dtype=m.dtype), remat=m.remat, param_dtype=m.param_dtype,
+            matmul_dtype=m.matmul_dtype), m.lora)
         why = f" (no config.json in {m.path!r})" if m.path is not None else ""
         return mcfg, f"preset {m.preset}{why}"
     if m.path is not None:

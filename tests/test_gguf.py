@@ -130,6 +130,25 @@ def test_errors_name_file_tensor_and_type(files):
               junk)
 
 
+@pytest.mark.parametrize("keep", [0.05, 0.5, 0.99])
+def test_truncated_gguf_is_named_damaged_not_a_tokenizer_problem(files, keep, capsys):
+    """A file cut short (an interrupted download): `sagc-jax train` exits 2 with one line that
+    names model.path and the file as unreadable, before transformers' tokenizer loader runs."""
+    from sagc_jax.cli import main
+
+    whole = Path(files["qwen2"]).read_bytes()
+    cut = files["dir"] / f"cut{int(keep * 100)}.gguf"
+    cut.write_bytes(whole[:int(len(whole) * keep)])
+    _one_line(GGUFError, rf"^model\.path: .*{cut.name} \(\d+ bytes\) is not a readable GGUF "
+              r"file: .*\(damaged, truncated or an incomplete download\?\)$",
+              load_run_tokenizer, None, str(cut))
+    capsys.readouterr()
+    assert main(["train", "--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
+                 f"model.path={cut}", f"run.dir={files['dir'] / 'cut_run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "not a readable GGUF file" in err and "tokenizer" not in err, err
+
+
 def test_dry_run_reads_gguf_metadata(files, capsys):
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", [f"model.path={files['llama']}"])
     r = dry_run(cfg, num_devices=1)

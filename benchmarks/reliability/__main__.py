@@ -7,6 +7,7 @@ for (tracebacks, silent corruptions, lost or duplicated steps); exits 1 if any c
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -18,10 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `reliability` as
 from reliability.fuzz_ckpt import run_ckpt_fuzz
 from reliability.fuzz_config import run_config_fuzz
 from reliability.fuzz_data import run_data_fuzz
+from reliability.fuzz_models import KINDS as MODEL_KINDS
+from reliability.fuzz_models import run_model_fuzz
 from reliability.kills import run_kills
 from reliability.rewards_e2e import run_reward_cases
 
-PARTS = ("config", "data", "ckpt", "rewards", "kills")
+PARTS = ("config", "data", "ckpt", "models", "rewards", "kills")
 
 
 def _show(name: str, tried: int, outcomes: dict, failures: list, seconds: float) -> None:
@@ -38,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-cases", type=int, default=10_000)
     p.add_argument("--data-cases", type=int, default=1_200)
     p.add_argument("--ckpt-cases", type=int, default=200)
+    p.add_argument("--model-cases", type=int, default=20,
+                   help=f"damaged / foreign model files per kind ({len(MODEL_KINDS)} kinds)")
+    p.add_argument("--model-record", help="write the model-file cases' per-case record (JSON "
+                   "lines) here (docs/results/reliability_models.jsonl)")
     p.add_argument("--kills", type=int, default=24, help="kill -9 moments (at least)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", action="append", choices=PARTS, help="run only these parts")
@@ -75,6 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         totals["failures"] += len(r.failures)
         totals["silent"] += sum("wrong" in f[2] or "valid step" in f[2] for f in r.failures)
         totals["tracebacks"] += sum("Error:" in f[2] for f in r.failures)
+    if "models" in parts:
+        t0 = time.time()
+        r = run_model_fuzz(args.model_cases, args.seed)
+        _show("model files (truncated / foreign-architecture / missing-tensor GGUF; truncated, "
+              "missing- and extra-tensor safetensors; tokenizer larger than the vocabulary)",
+              r.tried, r.outcomes, r.failures, time.time() - t0)
+        if args.model_record:
+            with open(args.model_record, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(rec) + "\n" for rec in r.records)
+        totals["failures"] += len(r.failures)
+        totals["tracebacks"] += sum(f[2].startswith("wrong error") for f in r.failures)
+        totals["silent"] += sum("changed" in f[2] for f in r.failures)
     if "rewards" in parts:
         t0 = time.time()
         r = run_reward_cases(work / "rewards", root=work)

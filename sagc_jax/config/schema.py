@@ -203,6 +203,11 @@ class DataConfig(Section):
     eval_file: Str | None = field(None, "JSONL or Parquet evaluation prompts.")
     prompt_column: Str = field("prompt", "Column holding the prompt text.")
     answer_column: Str = field("answer", "Column holding the reference answer.")
+    solution_column: Str = field(
+        "solution",
+        "Column holding a reference completion per prompt (a file's; a built-in task has its "
+        "own): what the SFT warm start (init.sft_steps > 0) trains on.",
+    )
     prompts_per_step: Int = field(8, "Distinct prompts per step (each gets G rollouts).", ge=1)
     shuffle: Bool = field(True, "Shuffle prompts each epoch.")
     num_epochs: Int | None = field(None, "Passes over the data; None = repeat forever.", ge=1)

@@ -272,7 +272,8 @@ def task_options(data_cfg_like: Any) -> dict[str, Any]:
 
 
 def load_examples(
-    data_cfg_like: Any, split: str = "train", *, seed: int | None = None
+    data_cfg_like: Any, split: str = "train", *, seed: int | None = None,
+    required: Mapping[str, str] | None = None,
 ) -> Sequence[dict[str, Any]]:
     """The example source for a data config (dataclass, namespace or mapping).
 
@@ -281,18 +282,23 @@ def load_examples(
       ``task_ramble_rate`` and optional
       ``task_options`` (dict for :func:`get_task`), or ``train_file`` / ``eval_file``
       (``.jsonl`` or ``.parquet``) with ``prompt_column`` (default ``"prompt"``) and
-      ``answer_column`` (default ``"answer"``); ``num_eval`` / ``num_train`` (built-in task sizes;
+      ``answer_column`` (default ``"answer"``), ``solution_column`` (default ``"solution"``,
+      copied to ``solution``); ``num_eval`` / ``num_train`` (built-in task sizes;
       defaults 512 / 100k). A file takes precedence over a task for that split.
       A whole ``Config`` (with ``.data`` and ``.run.seed``) is accepted too.
 
     Args:
       seed: train-data seed for a built-in task (default: the config's ``seed``/``run.seed``, 0).
+      required: columns every example must have, each with why
+        (:func:`sagc_jax.data.columns.required_columns`): a file's every row is checked, a
+        built-in task's first example (its columns are the same for all).
 
     Returns:
       A random-access sequence of example dicts (lazy for built-in train splits).
 
     Raises:
-      DataError: nothing configured for the split, or a file problem.
+      DataError: nothing configured for the split, a file problem, or a required column missing
+        (one line naming the file and row, or the task).
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
@@ -307,6 +313,8 @@ def load_examples(
             os.fspath(path),
             _cfg_get(cfg, "prompt_column", "prompt"),
             _cfg_get(cfg, "answer_column", "answer"),
+            solution_column=_cfg_get(cfg, "solution_column", "solution"),
+            required=required,
         )
     name = _cfg_get(cfg, "task")
     if name is None:
@@ -314,5 +322,14 @@ def load_examples(
     task = get_task(name, **task_options(cfg))
     if split == "train":
         seed = int(seed if seed is not None else _cfg_get(cfg, "seed", 0))
-        return task.train_examples(seed, _cfg_get(cfg, "num_train"))
-    return task.eval_examples(_cfg_get(cfg, "num_eval"))
+        examples = task.train_examples(seed, _cfg_get(cfg, "num_train"))
+    else:
+        examples = task.eval_examples(_cfg_get(cfg, "num_eval"))
+    # A task's examples share their columns; the task's own name stands for the file's.
+    required = {"solution" if c == _cfg_get(cfg, "solution_column", "solution") else c: why
+                for c, why in (required or {}).items()}
+    for col, why in required.items():
+        if len(examples) and examples[0].get(col) is None:
+            raise DataError(f"data.task {name} ({split} split): column {col!r} is missing, and "
+                            f"{why} (columns: {sorted(examples[0])})")
+    return examples

@@ -14,6 +14,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+#: ``required`` (below): file column -> why the run needs it and the ways out, e.g.
+#: ``{"solution": "the SFT warm start needs it (...): set ..."}``.
+Required = Mapping[str, str] | None
+
 __all__ = ["DataError", "normalize_row", "read_examples", "read_json_array", "read_jsonl",
            "read_parquet"]
 
@@ -37,8 +41,11 @@ def normalize_row(
     where: str,
     prompt_column: str = "prompt",
     answer_column: str | None = "answer",
+    solution_column: str | None = None,
+    required: Required = None,
 ) -> dict[str, Any]:
-    """Validate one row and map its prompt/answer columns onto ``prompt``/``answer``.
+    """Validate one row and map its prompt/answer/solution columns onto
+    ``prompt``/``answer``/``solution``.
 
     Args:
       row: the decoded row (must be a mapping).
@@ -46,12 +53,18 @@ def normalize_row(
       prompt_column: column holding the prompt text (must be a string).
       answer_column: column holding the reference answer (str/int/float, converted to str), or
         ``None`` for datasets without one.
+      solution_column: column holding a reference completion (the SFT warm start's target),
+        copied to ``solution`` when the row has it.
+      required: columns the row must have (not null), each with why: the run's reward functions
+        and warm start read them (one line naming the row, the column, who needs it and the
+        ways out, rather than a KeyError in step 1).
     """
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if prompt_column not in row:
         raise DataError(
-            f"{where}: missing prompt column {prompt_column!r} (columns: {sorted(row)})"
+            f"{where}: missing prompt column {prompt_column!r} (columns: {sorted(row)}; "
+            "data.prompt_column names it)"
         )
     prompt = row[prompt_column]
     if not isinstance(prompt, str):
@@ -60,12 +73,20 @@ def normalize_row(
             f"got {type(prompt).__name__}"
         )
     _check_text(prompt, where, f"prompt column {prompt_column!r}")
-    out = {k: v for k, v in row.items() if k not in (prompt_column, answer_column)}
+    for col, why in (required or {}).items():
+        if row.get(col) is None:
+            what = "is null" if col in row else "is missing"
+            raise DataError(f"{where}: column {col!r} {what}, and {why} (columns: {sorted(row)})")
+    out = {k: v for k, v in row.items() if k not in (prompt_column, answer_column,
+                                                       solution_column)}
     out["prompt"] = prompt
+    if solution_column is not None and row.get(solution_column) is not None:
+        out["solution"] = row[solution_column]
     if answer_column is not None:
         if answer_column not in row:
             raise DataError(
-                f"{where}: missing answer column {answer_column!r} (columns: {sorted(row)})"
+                f"{where}: missing answer column {answer_column!r} (columns: {sorted(row)}; "
+                "data.answer_column names it)"
             )
         answer = row[answer_column]
         if isinstance(answer, bool) or not isinstance(answer, str | int | float):
@@ -83,6 +104,9 @@ def read_jsonl(
     path: str | os.PathLike[str],
     prompt_column: str = "prompt",
     answer_column: str | None = "answer",
+    *,
+    solution_column: str | None = None,
+    required: Required = None,
 ) -> list[dict[str, Any]]:
     """Read a JSON-lines file (one object per line; blank lines are skipped).
 
@@ -115,11 +139,9 @@ def read_jsonl(
                 raise DataError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from exc
             except (ValueError, RecursionError) as exc:  # a 5000-digit number, deep nesting
                 raise DataError(f"{where}: bad JSON: {_why(exc)}") from None
-            rows.append(
-                normalize_row(
-                    obj, where=where, prompt_column=prompt_column, answer_column=answer_column
-                )
-            )
+            rows.append(normalize_row(obj, where=where, prompt_column=prompt_column,
+                                      answer_column=answer_column,
+                                      solution_column=solution_column, required=required))
     if not rows:
         raise DataError(f"{path}: dataset is empty (no rows)")
     return rows
@@ -145,6 +167,9 @@ def read_json_array(
     path: str | os.PathLike[str],
     prompt_column: str = "prompt",
     answer_column: str | None = "answer",
+    *,
+    solution_column: str | None = None,
+    required: Required = None,
 ) -> list[dict[str, Any]]:
     """Read a ``.json`` file holding one JSON array of row objects (the whole file is parsed).
 
@@ -177,13 +202,17 @@ def read_json_array(
     if not items:
         raise DataError(f"{path}: dataset is empty (no rows)")
     return [normalize_row(obj, where=f"{path} item {i}", prompt_column=prompt_column,
-                          answer_column=answer_column) for i, obj in enumerate(items)]
+                          answer_column=answer_column, solution_column=solution_column,
+                          required=required) for i, obj in enumerate(items)]
 
 
 def read_parquet(
     path: str | os.PathLike[str],
     prompt_column: str = "prompt",
     answer_column: str | None = "answer",
+    *,
+    solution_column: str | None = None,
+    required: Required = None,
 ) -> list[dict[str, Any]]:
     """Read a Parquet file with pyarrow.
 
@@ -202,7 +231,12 @@ def read_parquet(
     names = table.column_names
     for role, col in (("prompt", prompt_column), ("answer", answer_column)):
         if col is not None and col not in names:
-            raise DataError(f"{path}: missing {role} column {col!r} (columns: {sorted(names)})")
+            raise DataError(f"{path}: missing {role} column {col!r} (columns: {sorted(names)}; "
+                            f"data.{role}_column names it)")
+    for col, why in (required or {}).items():
+        if col not in names:
+            raise DataError(f"{path}: column {col!r} is missing, and {why} (columns: "
+                            f"{sorted(names)})")
     if table.num_rows == 0:
         raise DataError(f"{path}: dataset is empty (no rows)")
     return [
@@ -211,6 +245,8 @@ def read_parquet(
             where=f"{path} row {i}",
             prompt_column=prompt_column,
             answer_column=answer_column,
+            solution_column=solution_column,
+            required=required,
         )
         for i, row in enumerate(table.to_pylist())
     ]
@@ -220,14 +256,18 @@ def read_examples(
     path: str | os.PathLike[str],
     prompt_column: str = "prompt",
     answer_column: str | None = "answer",
+    *,
+    solution_column: str | None = None,
+    required: Required = None,
 ) -> list[dict[str, Any]]:
     """Read a dataset file, choosing the reader by extension: ``.parquet``/``.pq``; a ``.json``
     file that starts with ``[`` is one JSON array; ``.json``/``.jsonl``/``.ndjson`` JSON lines."""
     p = os.fspath(path)
+    kw: dict[str, Any] = {"solution_column": solution_column, "required": required}
     if p.endswith((".parquet", ".pq")):
-        return read_parquet(p, prompt_column, answer_column)
+        return read_parquet(p, prompt_column, answer_column, **kw)
     if p.endswith(".json") and _starts_with_array(p):
-        return read_json_array(p, prompt_column, answer_column)
+        return read_json_array(p, prompt_column, answer_column, **kw)
     if p.endswith((".jsonl", ".json", ".ndjson", ".jsonl.txt")):
-        return read_jsonl(p, prompt_column, answer_column)
+        return read_jsonl(p, prompt_column, answer_column, **kw)
     raise DataError(f"{p}: unknown dataset format (expected .jsonl, .json, .ndjson or .parquet)")

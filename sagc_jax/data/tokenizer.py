@@ -132,6 +132,24 @@ def _model_vocab(model_path: str) -> int | None:
         return None
 
 
+def _check_gguf(path: str, key: str) -> None:
+    """Reads a GGUF file's metadata with gguf-py: GGUFError (one line naming the file) for a
+    truncated or corrupt file or, for `model.path`, a model we cannot load (architecture,
+    missing numbers), which transformers' tokenizer loader would report as a tokenizer
+    problem; TokenizerError when gguf-py is not installed. A `model.tokenizer` GGUF may be a
+    vocabulary-only file: only its readability is checked."""
+    from sagc_jax.models.gguf import GGUFError, gguf_hf_dict, open_gguf  # lazily: jax, flax
+
+    try:
+        reader = open_gguf(path)
+        if key == "model.path":
+            gguf_hf_dict(reader, path)
+    except ImportError as e:
+        raise TokenizerError(f"{key}: {e}") from None
+    except GGUFError as e:
+        raise GGUFError(f"{key}: {e}") from None
+
+
 def _looks_like_path(name: str) -> bool:
     return os.sep in name or name.startswith(("~", ".")) or os.path.exists(name)
 
@@ -172,9 +190,16 @@ def load_run_tokenizer(
         expanded = os.path.expanduser(source)
         if _looks_like_path(source) and not (os.path.isdir(expanded) or _is_gguf_file(expanded)):
             raise TokenizerError(f"{key}: tokenizer directory {source} does not exist")
+        if _is_gguf_file(expanded):
+            _check_gguf(expanded, key)  # a damaged file is named as damaged, before transformers
         try:
-            tok = load_tokenizer(os.path.expanduser(source))
-        except ValueError:
+            tok = load_tokenizer(expanded)
+        except ValueError as e:
+            if _is_gguf_file(expanded) and isinstance(e.__cause__, ImportError):
+                # transformers' GGUF reader imports torch: say so rather than blame the file.
+                raise TokenizerError(
+                    f"{key}: reading the tokenizer of {source} needs torch (transformers "
+                    "imports it to read a GGUF file): pip install 'sagc-jax[real]'") from None
             raise TokenizerError(
                 f"{key}: no loadable tokenizer at {source} (not a tokenizer directory nor a model "
                 "id in the local Hugging Face cache)") from None

@@ -109,9 +109,11 @@ def open_gguf(path: str | os.PathLike[str]) -> Any:
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # bad magic, truncated file (ValueError / struct errors / OSError)
+        # gguf-py builds every tensor's view up front, so a file cut short fails here too.
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise GGUFError(f"{path} ({os.path.getsize(path)} bytes) is not a readable GGUF file: "
-                        f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
-                        ) from None
+                        f"{type(e).__name__}: {why} (damaged, truncated or an incomplete "
+                        "download?)") from None
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:

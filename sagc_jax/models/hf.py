@@ -156,7 +156,7 @@ class _SafetensorsReader:
     def _handle(self, name: str):
         fname = self.file_of.get(name)
         if fname is None or name not in self._keys[fname]:
-            raise ValueError(f"tensor '{name}' not found in {self.where(name)}")
+            raise ModelFileError(f"tensor '{name}' not found in {self.where(name)}")
         return fname, self._handles[fname]
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -242,8 +242,8 @@ def from_pretrained(
             for n in names:
                 got = reader.shape(n)
                 if got != want:
-                    raise ValueError(f"tensor '{n}' in {reader.where(n)} has shape {list(got)}, "
-                                     f"expected {list(want)} from the config")
+                    raise ModelFileError(f"tensor '{n}' in {reader.where(n)} has shape "
+                                         f"{list(got)}, expected {list(want)} from the config")
         expected = {n for names, _ in plan.values() for n in names}
         extra = sorted(n for n in set(reader.file_of) - expected
                        if not n.endswith(_HARMLESS_SUFFIXES))
@@ -253,8 +253,8 @@ def from_pretrained(
         if extra:
             shown = ", ".join(repr(n) for n in extra[:8])
             more = f" (+{len(extra) - 8} more)" if len(extra) > 8 else ""
-            raise ValueError(f"unexpected tensors in {reader.source} for this {cfg.model_type} "
-                             f"config: {shown}{more}")
+            raise ModelFileError(f"unexpected tensors in {reader.source} for this "
+                                 f"{cfg.model_type} config: {shown}{more}")
 
         # Pass 2: one param at a time; a preallocated host buffer, so peak host memory is one
         # param plus one tensor, freed once the param is on its device(s).

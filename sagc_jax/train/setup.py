@@ -16,6 +16,7 @@ from flax import nnx
 
 from sagc_jax import checkpoint as ckpt
 from sagc_jax.config import Config, ConfigError
+from sagc_jax.data.columns import required_columns
 from sagc_jax.data.lengths import check_prompt_lengths
 from sagc_jax.data.pipeline import load_examples, make_prompt_iterator
 from sagc_jax.data.tokenizer import load_run_tokenizer, stop_ids
@@ -118,8 +119,10 @@ def _check_lengths(cfg: Config, examples: Any, tokenizer: Any, split: str) -> No
                          where=where, chat_template=cfg.data.chat_template)
 
 
-def _eval_set(cfg: Config, plan: ShapePlan, hosts: Hosts, blueprint: Any, pad_id: int,
-              eos: list[int], mesh: Any, tokenizer: Any) -> EvalSet | None:
+def _eval_examples(cfg: Config, hosts: Hosts, tokenizer: Any,
+                   reward_fns: list[RewardFn]) -> list[dict[str, Any]] | None:
+    """The held-out examples, checked (columns the rewards read, prompt lengths) before the
+    model is built; None when the run evaluates nothing."""
     if cfg.run.eval_every <= 0:
         return None
     if not hosts.single:
@@ -129,8 +132,16 @@ def _eval_set(cfg: Config, plan: ShapePlan, hosts: Hosts, blueprint: Any, pad_id
             logger.info("run.eval_every=%d ignored: evaluation during training is single-process "
                         "only (%d processes)", cfg.run.eval_every, hosts.count)
         return None
-    examples = list(load_examples(cfg.data, "eval", seed=cfg.run.seed))
+    examples = list(load_examples(cfg.data, "eval", seed=cfg.run.seed,
+                                  required=required_columns(cfg, reward_fns, "eval")))
     _check_lengths(cfg, examples, tokenizer, "eval")
+    return examples
+
+
+def _eval_set(cfg: Config, plan: ShapePlan, examples: list[dict[str, Any]] | None,
+              blueprint: Any, pad_id: int, eos: list[int], mesh: Any) -> EvalSet | None:
+    if examples is None:
+        return None
     sampler = Sampler(blueprint, config=SamplingConfig.for_eval(plan, cfg.sampling), pad_id=pad_id,
                       eos_ids=eos, mesh=mesh)
     return EvalSet(examples, sampler)
@@ -152,11 +163,13 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     if errors:
         raise ConfigError(errors[0])
     # Input checks first, before the model is built or anything compiled: tokenizer vs model,
-    # reward names, every prompt's length.
+    # reward names, the columns the warm start and rewards read, every prompt's length.
     tokenizer = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)
     reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
-    train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
+    train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed,
+                                   required=required_columns(cfg, reward_fns, "train"))
     _check_lengths(cfg, train_examples, tokenizer, "train")
+    eval_examples = _eval_examples(cfg, hosts, tokenizer, reward_fns)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     eos = stop_ids(tokenizer)
     run_dir = Path(cfg.run.dir)
@@ -198,7 +211,7 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
         reward_fns=reward_fns, sampler=sampler,
         prompts=_prompt_stream(cfg, plan, hosts, train_examples, tokenizer),
         train_examples=train_examples, collect_settings=CollectSettings.from_config(cfg, pad_id),
-        eval=_eval_set(cfg, plan, hosts, blueprint, pad_id, eos, mesh, tokenizer),
+        eval=_eval_set(cfg, plan, eval_examples, blueprint, pad_id, eos, mesh),
         ckpt=checkpointer,
         writer=RunWriter(run_dir, enabled=hosts.is_main),
         progress=cfg.run.progress if progress is None else progress, run_dir=run_dir)
