@@ -1,7 +1,11 @@
-"""Architecture config for the Llama/Qwen2 decoder family, and its HF config.json mapping.
+"""Architecture config for the decoder families (Llama, Qwen2, Qwen3, Gemma 3 text), and its HF
+config.json mapping.
 
 One frozen dataclass describes every model we build; `from_hf_dict` / `to_hf_dict` translate
 transformers' config.json (4.x and 5.x layouts) and reject anything we would silently get wrong.
+What is fixed per family (q/k norms, Gemma's norms) is in `models/families.py`; the per-checkpoint
+numbers of Gemma 3 (sliding window, layer pattern, local RoPE base, softcaps) are fields here, so
+every family shares this one schema.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ import dataclasses
 import warnings
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+from sagc_jax.models.families import FULL, SLIDING, SUPPORTED_MODEL_TYPES, Family, family
+
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 class ModelConfigError(ValueError):
@@ -19,9 +25,11 @@ class ModelConfigError(ValueError):
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
-# Fields that change the math of a forward pass in ways we do not implement.
+# Fields that change the math of a forward pass in ways we do not implement (the softcaps only
+# outside the families that read them, see `_check_unsupported`).
+_SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")
 _REFUSED_HF_FIELDS = (
-    "attn_logit_softcapping", "final_logit_softcapping", "logits_scaling", "embedding_multiplier",
+    "logits_scaling", "embedding_multiplier",
     "residual_multiplier", "attention_multiplier", "partial_rotary_factor", "qk_layernorm",
     "use_qk_norm", "no_rope_layers", "moe_intermediate_size", "num_experts",
 )
@@ -42,12 +50,15 @@ _IGNORED_HF_FIELDS = {
     "prefix", "sep_token_id", "decoder_start_token_id", "tf_legacy_loss", "pruned_heads",
     "torchscript", "add_cross_attention", "tie_encoder_decoder", "finetuning_task",
     "cross_attention_hidden_size", "use_bfloat16", "keys_to_ignore_at_inference",
+    # Gemma 3 text (read by `_gemma3_from_hf`; the softcaps are refused for other families).
+    "hidden_activation", "query_pre_attn_scalar", "rope_local_base_freq", "sliding_window_pattern",
+    "use_bidirectional_attention", "cache_implementation", "_sliding_window_pattern", *_SOFTCAPS,
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Decoder-only transformer hyper-parameters (Llama / Qwen2 family).
+    """Decoder-only transformer hyper-parameters (every family in `models/families.py`).
 
     `dtype` is the compute dtype; `param_dtype` the storage dtype of the params (and so of the
     gradients and AdamW moments, which optax keeps in the params' dtype).
@@ -85,6 +96,21 @@ class ModelConfig:
     lora_rank: int = 0
     lora_alpha: float = 0.0
     lora_targets: tuple[str, ...] = ()
+    # MLP activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU).
+    hidden_act: str = "silu"
+    # Sliding-window attention (Gemma 3): `layer_types` [num_layers] of "sliding_attention" /
+    # "full_attention" (empty = every layer full); a sliding layer's query at position p sees
+    # keys at positions > p - sliding_window (HF's window, the query included).
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    # RoPE base of the sliding layers (default RoPE, no scaling); None = `rope_theta`.
+    rope_local_theta: float | None = None
+    # Attention scale = query_pre_attn_scalar ** -0.5 (Gemma); None = head_dim ** -0.5.
+    query_pre_attn_scalar: float | None = None
+    # c * tanh(x / c) on the attention scores / the final logits when set (Gemma 2 style).
+    # (Gemma 3 checkpoints: transformers applies only the final one; see `_gemma3_from_hf`.)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> None:
@@ -109,6 +135,16 @@ class ModelConfig:
                 bad(f, f"must be float32 or bfloat16, got {getattr(self, f)}")
         if self.matmul_dtype not in (None, "float32", "bfloat16"):
             bad("matmul_dtype", f"must be null, float32 or bfloat16, got {self.matmul_dtype!r}")
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            bad("hidden_act", f"unsupported {self.hidden_act!r}, supported: "
+                f"{SUPPORTED_ACTIVATIONS}")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers or set(self.layer_types) - {SLIDING, FULL}:
+                bad("layer_types", f"need {self.num_layers} of '{SLIDING}' / '{FULL}', got "
+                    f"{list(self.layer_types)}")
+            if SLIDING in self.layer_types and (self.sliding_window or 0) < 1:
+                bad("sliding_window", f"sliding layers need a window >= 1, got "
+                    f"{self.sliding_window}")
         if self.lora_rank < 0 or (self.lora_rank > 0) != bool(self.lora_targets):
             bad("lora_rank", f"{self.lora_rank} with targets {list(self.lora_targets)}: need "
                 "rank >= 1 with targets, or rank 0 without")
@@ -117,6 +153,20 @@ class ModelConfig:
     def rope_params(self) -> dict[str, Any]:
         return dict(self.rope_scaling)
 
+    @property
+    def family(self) -> Family:
+        return family(self.model_type)
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """[num_layers] True where a layer attends within `sliding_window` only."""
+        return tuple(t == SLIDING for t in self.layer_types) or (False,) * self.num_layers
+
+    @property
+    def attn_scale(self) -> float:
+        """Multiplier of q.k: query_pre_attn_scalar ** -0.5 (Gemma) or head_dim ** -0.5."""
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
     def num_params(self) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
@@ -124,8 +174,10 @@ class ModelConfig:
             attn += d * (self.num_heads + 2 * self.num_kv_heads)
         if self.o_bias:
             attn += h
+        if self.family.qk_norm:
+            attn += 2 * d
         mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
-        per_layer = attn + mlp + 2 * h
+        per_layer = attn + mlp + (4 if self.family.sandwich_norms else 2) * h
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
@@ -187,17 +239,28 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, str, tuple[tuple[str, Any],
     return theta, rope_type, tuple(sorted(kept.items()))
 
 
-def _check_unsupported(d: dict[str, Any]) -> None:
-    if d.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"config field 'hidden_act': only 'silu' is supported, got "
-                         f"{d['hidden_act']!r}")
-    if d.get("use_sliding_window"):
-        raise ValueError("config field 'use_sliding_window': sliding-window attention is not "
-                         "supported")
+def _hidden_act(d: dict[str, Any]) -> str:
+    """Gemma's config.json names the activation `hidden_activation`, the others `hidden_act`."""
+    return d.get("hidden_activation") or d.get("hidden_act") or "silu"
+
+
+def _check_unsupported(d: dict[str, Any], fam: Family) -> None:
+    act = _hidden_act(d)
+    if act not in SUPPORTED_ACTIVATIONS:
+        key = "hidden_activation" if d.get("hidden_activation") else "hidden_act"
+        raise ValueError(f"config field '{key}': only {SUPPORTED_ACTIVATIONS} are supported, "
+                         f"got {act!r}")
+    if d.get("use_sliding_window") and not fam.layer_types:
+        raise ValueError(f"config field 'use_sliding_window': sliding-window attention is not "
+                         f"supported for model_type {fam.model_type}")
+    if d.get("use_bidirectional_attention"):
+        raise ValueError("config field 'use_bidirectional_attention': only causal attention "
+                         "is supported")
     if d.get("quantization_config"):
         raise ValueError("config field 'quantization_config': quantized checkpoints are not "
                          "supported")
-    for k in _REFUSED_HF_FIELDS:
+    refused = _REFUSED_HF_FIELDS + (() if fam.layer_types else _SOFTCAPS)
+    for k in refused:
         if d.get(k) not in (None, False, 0, {}, [], 1.0) and k in d:
             raise ValueError(f"config field '{k}' (= {d[k]!r}) is not supported by the "
                              f"{d.get('model_type')} loader")
@@ -207,6 +270,40 @@ def _check_unsupported(d: dict[str, Any]) -> None:
         # Fields we have never seen: most are bookkeeping, so say so instead of failing.
         warnings.warn(f"HF config fields ignored by the {d.get('model_type')} loader: {unknown}",
                       stacklevel=3)
+
+
+def _gemma3_from_hf(d: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """Gemma 3's per-checkpoint fields: the layer pattern (5.x `layer_types`, else 4.x
+    `sliding_window_pattern`: every n-th layer global), the window, the two RoPE settings (5.x
+    `rope_parameters` keyed by layer type, else 4.x `rope_theta` / `rope_scaling` for global
+    layers and `rope_local_base_freq` for local ones), the attention scalar and the softcaps."""
+    types = d.get("layer_types")
+    if not types:
+        n = int(d.get("sliding_window_pattern") or 6)
+        types = [SLIDING if (i + 1) % n else FULL for i in range(num_layers)]
+    rope = d.get("rope_parameters") or {}
+    if isinstance(rope, dict) and (FULL in rope or SLIDING in rope):
+        global_rope = rope.get(FULL) or {"rope_type": "default", "rope_theta": 1e6}
+        local = dict(rope.get(SLIDING) or {"rope_type": "default", "rope_theta": 1e4})
+        theta, rope_type, scaling = _rope_from_hf({"rope_parameters": global_rope})
+    else:
+        theta, rope_type, scaling = _rope_from_hf({"rope_theta": 1e6, **d})
+        local = {"rope_type": "default", "rope_theta": d.get("rope_local_base_freq", 1e4)}
+    if (local.get("rope_type") or "default") != "default" or set(local) - {"rope_type",
+                                                                          "rope_theta"}:
+        raise ValueError(f"config field 'rope_parameters.{SLIDING}': only default RoPE is "
+                         f"supported on sliding layers, got {local}")
+    if d.get("attn_logit_softcapping") is not None:
+        # transformers' Gemma3Attention stores it but never passes it to the attention (5.x), so
+        # the checkpoint's reference behaviour is no cap; no released Gemma 3 config sets it.
+        warnings.warn(f"config field 'attn_logit_softcapping' (= {d['attn_logit_softcapping']}) "
+                      "is ignored, as transformers' Gemma 3 ignores it", stacklevel=3)
+    final_cap = d.get("final_logit_softcapping")
+    return dict(layer_types=tuple(types), sliding_window=d.get("sliding_window"),
+                rope_theta=theta, rope_type=rope_type, rope_scaling=scaling,
+                rope_local_theta=float(local.get("rope_theta", 1e4)),
+                query_pre_attn_scalar=float(d.get("query_pre_attn_scalar") or 256),
+                final_logit_softcapping=None if final_cap is None else float(final_cap))
 
 
 # config.json fields `from_hf_dict` reads, by the JSON type they must have (None is allowed for
@@ -254,51 +351,54 @@ def from_hf_dict(d: dict[str, Any], *, dtype: str | None = None,
     """Builds a ModelConfig from an HF config.json dict; errors name the offending field."""
     check_hf_fields(d)
     model_type = d.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"config field 'model_type': unsupported '{model_type}', "
-                         f"supported: {SUPPORTED_MODEL_TYPES}")
-    _check_unsupported(d)
+    fam = family(model_type)  # one line naming an unsupported model_type
+    _check_unsupported(d, fam)
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads"):
         if k not in d:
             raise ValueError(f"config field '{k}' is missing")
-    theta, rope_type, scaling = _rope_from_hf(d)
+    layers = int(d["num_hidden_layers"])
+    if fam.layer_types:
+        extra = _gemma3_from_hf(d, layers)
+    else:
+        theta, rope_type, scaling = _rope_from_hf(d)
+        extra = dict(rope_theta=theta, rope_type=rope_type, rope_scaling=scaling)
     heads = int(d["num_attention_heads"])
     attention_bias = bool(d.get("attention_bias", False))
-    is_qwen = model_type == "qwen2"
+    is_qwen2 = fam.bias_rule == "qwen2"
     return ModelConfig(
         model_type=model_type,
         vocab_size=int(d["vocab_size"]),
         hidden_size=int(d["hidden_size"]),
         intermediate_size=int(d["intermediate_size"]),
-        num_layers=int(d["num_hidden_layers"]),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(d.get("num_key_value_heads") or heads),
         head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        rope_type=rope_type,
-        rope_scaling=scaling,
         max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        # Qwen2 always has q/k/v bias and no o bias; Llama's attention_bias covers q/k/v/o.
-        qkv_bias=True if is_qwen else attention_bias,
-        o_bias=False if is_qwen else attention_bias,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", fam.tied_by_default)),
+        # Qwen2 always has q/k/v bias and no o bias; elsewhere attention_bias covers q/k/v/o.
+        qkv_bias=True if is_qwen2 else attention_bias,
+        o_bias=False if is_qwen2 else attention_bias,
         mlp_bias=bool(d.get("mlp_bias", False)),
+        hidden_act=_hidden_act(d),
         dtype=dtype or "float32",
         param_dtype=param_dtype or "float32",
         bos_token_id=d.get("bos_token_id"),
         eos_token_id=d.get("eos_token_id"),
         pad_token_id=d.get("pad_token_id"),
+        **extra,
     )
 
 
 def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
     """The config.json transformers needs to load our weights (5.x `rope_parameters` layout,
     plus `rope_theta` for 4.x readers)."""
+    fam = cfg.family
     rope = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta, **cfg.rope_params}
     d: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM" if cfg.model_type == "llama" else "Qwen2ForCausalLM"],
+        "architectures": [fam.hf_architecture],
         "model_type": cfg.model_type,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -307,7 +407,7 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": cfg.hidden_act,
         "max_position_embeddings": cfg.max_position_embeddings,
         "rms_norm_eps": cfg.rms_norm_eps,
         "tie_word_embeddings": cfg.tie_word_embeddings,
@@ -318,13 +418,34 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
         "eos_token_id": cfg.eos_token_id,
         "pad_token_id": cfg.pad_token_id,
     }
-    if cfg.model_type == "llama":
-        if cfg.qkv_bias != cfg.o_bias:
-            raise ValueError("llama export: qkv_bias and o_bias must match (HF attention_bias)")
-        d["attention_bias"] = cfg.qkv_bias
-        d["mlp_bias"] = cfg.mlp_bias
-    else:
+    if fam.bias_rule == "qwen2":
         if not cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias:
             raise ValueError("qwen2 export: needs qkv_bias=True, o_bias=False, mlp_bias=False")
         d["use_sliding_window"] = False
+        return d
+    if cfg.qkv_bias != cfg.o_bias:
+        raise ValueError(f"{cfg.model_type} export: qkv_bias and o_bias must match (HF "
+                         "attention_bias)")
+    d["attention_bias"] = cfg.qkv_bias
+    if cfg.model_type == "llama":
+        d["mlp_bias"] = cfg.mlp_bias
+    elif cfg.mlp_bias:
+        raise ValueError(f"{cfg.model_type} export: HF has no MLP bias for this family")
+    if cfg.model_type == "qwen3":
+        d["use_sliding_window"] = False
+    if fam.layer_types:
+        d["hidden_activation"] = d.pop("hidden_act")
+        d["layer_types"] = list(cfg.layer_types) or [FULL] * cfg.num_layers
+        d["sliding_window"] = cfg.sliding_window
+        local = cfg.rope_theta if cfg.rope_local_theta is None else cfg.rope_local_theta
+        d["rope_parameters"] = {FULL: rope, SLIDING: {"rope_type": "default",
+                                                      "rope_theta": local}}
+        d["rope_local_base_freq"] = local
+        d.update(query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+                 attn_logit_softcapping=cfg.attn_logit_softcapping,
+                 final_logit_softcapping=cfg.final_logit_softcapping,
+                 use_bidirectional_attention=False)
+    elif cfg.layer_types or cfg.attn_logit_softcapping or cfg.final_logit_softcapping:
+        raise ValueError(f"{cfg.model_type} export: sliding windows / softcaps are Gemma 3 "
+                         "features")
     return d

@@ -13,6 +13,8 @@ the layout is chosen for that read:
   vectorises (scores from a [.., S, D] key layout ran ~3x slower).
 The decode loop body is unrolled over layers (weights split once per call by
 `decode_weights`); compile time per layer is measured in benchmarks/README.md.
+- Sliding-window layers (Gemma 3) mask keys more than `sliding_window - 1` positions back; their
+  buffers are still full length (a window-bounded ring buffer is not built yet).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.llama import Transformer, block_tail, project_qkv, rms_norm
+from sagc_jax.models.llama import Transformer, block_tail, embed_tokens, norm, project_qkv, softcap
 from sagc_jax.models.lora import lora_scale, merge_lora
-from sagc_jax.models.rope import inv_frequencies
+from sagc_jax.models.rope import layer_inv_frequencies
 
 _NEG_INF = -1e30
 
@@ -117,24 +119,35 @@ def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def decode_attention(q: jax.Array, pk: jax.Array, pv: jax.Array, prefix_mask: jax.Array,
-                     gk: jax.Array, gv: jax.Array, t: jax.Array, group: int) -> jax.Array:
+                     gk: jax.Array, gv: jax.Array, t: jax.Array, group: int,
+                     scale: float | None = None, cap: float | None = None,
+                     window: int | None = None) -> jax.Array:
     """One query token per row over its prompt's prefix and its own generated slots [0, t].
 
-    q [R, N, D]; pk [P, K, D, Lp], pv [P, K, Lp, D], prefix_mask [P, Lp] bool; gk [R, K, D, M],
-    gv [R, K, M, D]; R = P * group. Returns [R, N*D] in q's dtype. Softmax in float32 over the
-    prefix and generated scores together.
+    q [R, N, D]; pk [P, K, D, Lp], pv [P, K, Lp, D], prefix_mask [P, Lp] bool (prompts
+    left-padded to Lp); gk [R, K, D, M], gv [R, K, M, D]; R = P * group. Returns [R, N*D] in q's
+    dtype. Softmax in float32 over the prefix and generated scores together; scores times
+    `scale` (default D ** -0.5), softcapped by `cap`. With `window` (a sliding layer) only keys
+    less than `window` positions back are seen: the query sits at generated slot t, so prefix
+    slot s is Lp - s + t positions back and generated slot j is t - j, whatever the prompt's
+    length.
     """
     R, N, D = q.shape
     P, K, _, Lp = pk.shape
     hr = N // K
-    scale = D ** -0.5
+    scale = D ** -0.5 if scale is None else scale
+    M = gk.shape[-1]
+    gen_ok = jnp.arange(M) <= t
+    if window is not None:
+        prefix_mask = prefix_mask & (Lp - jnp.arange(Lp) + t < window)[None]
+        gen_ok = gen_ok & (t - jnp.arange(M) < window)
     # Prefix: the group's rows and heads of one kv head form the m = group * hr query rows.
     qp = q.reshape(P, group, K, hr, D).transpose(0, 2, 1, 3, 4).reshape(P, K, group * hr, D)
-    sp = _scores(qp, pk) * scale
+    sp = softcap(_scores(qp, pk) * scale, cap)
     sp = jnp.where(prefix_mask[:, None, None, :], sp, _NEG_INF)
     sp = sp.reshape(P, K, group, hr, Lp).transpose(0, 2, 1, 3, 4).reshape(R, K, hr, Lp)
-    sg = _scores(q.reshape(R, K, hr, D), gk) * scale  # [R, K, hr, M]
-    sg = jnp.where(jnp.arange(gk.shape[-1]) <= t, sg, _NEG_INF)
+    sg = softcap(_scores(q.reshape(R, K, hr, D), gk) * scale, cap)  # [R, K, hr, M]
+    sg = jnp.where(gen_ok, sg, _NEG_INF)
     m = jnp.maximum(sp.max(-1), sg.max(-1))[..., None]
     ep, eg = jnp.exp(sp - m), jnp.exp(sg - m)
     den = ep.sum(-1) + eg.sum(-1)
@@ -153,17 +166,17 @@ def decode_step(cfg: ModelConfig, w: DecodeWeights, tokens: jax.Array, positions
     row's prompt prefix (prefix_mask) and generated slots [0, t].
     """
     R = tokens.shape[0]
-    dt = jnp.dtype(cfg.dtype)
-    inv_freq = inv_frequencies(cfg)
-    x = jnp.take(w.embed, tokens, axis=0).astype(dt)  # [R, H]
+    inv_freqs = layer_inv_frequencies(cfg)  # host constants: the layer loop is unrolled
+    x = embed_tokens(cfg, w.embed, tokens)  # [R, H]
     gk, gv = list(gen.k), list(gen.v)
-    for i, p in enumerate(w.layers):
-        q, k, v = project_qkv(cfg, p, x, positions[:, None], inv_freq, R, 1)
+    for i, (p, local) in enumerate(zip(w.layers, cfg.sliding_layers, strict=True)):
+        q, k, v = project_qkv(cfg, p, x, positions[:, None], inv_freqs[i], R, 1)
         gk[i] = jax.lax.dynamic_update_slice(gk[i], jnp.swapaxes(k, -1, -2), (0, 0, 0, t))
         gv[i] = jax.lax.dynamic_update_slice(gv[i], v, (0, 0, t, 0))
         attn = decode_attention(q[:, 0], prefix.k[i], prefix.v[i], prefix_mask, gk[i], gv[i],
-                                t, group)
+                                t, group, cfg.attn_scale, cfg.attn_logit_softcapping,
+                                cfg.sliding_window if local else None)
         x = block_tail(cfg, p, x, attn)
-    x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+    x = norm(cfg, x, w.final_norm)
     logits = jnp.dot(x.astype(w.head.dtype), w.head, preferred_element_type=jnp.float32)
-    return logits, GenKV(tuple(gk), tuple(gv))
+    return softcap(logits, cfg.final_logit_softcapping), GenKV(tuple(gk), tuple(gv))

@@ -1,4 +1,5 @@
-"""HF checkpoint import/export for the Llama / Qwen2 `Transformer` (safetensors, no torch).
+"""HF checkpoint import/export for the `Transformer` of every family (Llama, Qwen2, Qwen3, Gemma 3
+text; safetensors, no torch).
 
 Import reads `config.json` plus `model.safetensors` (or a sharded `model.safetensors.index.json`)
 tensor by tensor: each of our stacked params is assembled on the host from its L per-layer HF
@@ -54,6 +55,16 @@ _LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "gate_bias": ("mlp.gate_proj.bias", False),
     "up_bias": ("mlp.up_proj.bias", False),
     "down_bias": ("mlp.down_proj.bias", False),
+    "q_norm": ("self_attn.q_norm.weight", False),
+    "k_norm": ("self_attn.k_norm.weight", False),
+}
+# Gemma's four norms a block: HF's `post_attention_layernorm` is the attention output's norm
+# there, while in Llama it is the MLP input's (our `mlp_norm`).
+_SANDWICH_NAMES: dict[str, tuple[str, bool]] = {
+    **_LAYER_NAMES,
+    "post_attn_norm": ("post_attention_layernorm.weight", False),
+    "mlp_norm": ("pre_feedforward_layernorm.weight", False),
+    "post_mlp_norm": ("post_feedforward_layernorm.weight", False),
 }
 # Our top-level param name -> (HF name, stored transposed?).
 _TOP_NAMES: dict[str, tuple[str, bool]] = {
@@ -66,11 +77,12 @@ _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 _TIED_HEAD = "lm_head.weight"
 
 
-def _hf_names(path: str, num_layers: int) -> tuple[list[str], bool]:
+def _hf_names(path: str, cfg: ModelConfig) -> tuple[list[str], bool]:
     """HF tensor names making up our param `path` (one per layer for stacked ones)."""
     if path.startswith("layers."):
-        name, transposed = _LAYER_NAMES[path.removeprefix("layers.")]
-        return [f"model.layers.{i}.{name}" for i in range(num_layers)], transposed
+        table = _SANDWICH_NAMES if cfg.family.sandwich_norms else _LAYER_NAMES
+        name, transposed = table[path.removeprefix("layers.")]
+        return [f"model.layers.{i}.{name}" for i in range(cfg.num_layers)], transposed
     name, transposed = _TOP_NAMES[path]
     return [name], transposed
 
@@ -191,7 +203,8 @@ def from_pretrained(
     param_dtype: str | None = None,
     mesh: Mesh | None = None,
 ) -> tuple[Transformer, ModelConfig]:
-    """Loads an HF Llama / Qwen2 checkpoint directory into our `Transformer`.
+    """Loads an HF checkpoint directory (any family in `models/families.py`) into our
+    `Transformer`.
 
     Args:
       path: directory with `config.json` and `model.safetensors` or a sharded
@@ -235,7 +248,7 @@ def from_pretrained(
         # Pass 1, headers only: every name present with the right shape, nothing unexpected.
         plan: dict[str, tuple[list[str], bool]] = {}
         for p, sds in abstract_params.items():
-            names, transposed = _hf_names(p, cfg.num_layers)
+            names, transposed = _hf_names(p, cfg)
             plan[p] = names, transposed
             want = tuple(sds.shape[1:] if p.startswith("layers.") else sds.shape)
             want = want[::-1] if transposed else want
@@ -303,7 +316,7 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *, tokenizer: A
     # LoRA adapters are merged into their weights (W + alpha/r * A @ B): a plain HF model.
     pure["layers"] = merge_lora(pure["layers"], lora_scale(cfg))
     for p, x in _flatten(pure):
-        names, transposed = _hf_names(p, cfg.num_layers)
+        names, transposed = _hf_names(p, cfg)
         arr = _to_host(x)
         parts = list(arr) if p.startswith("layers.") else [arr]
         for n, t in zip(names, parts, strict=True):
