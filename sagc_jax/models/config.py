@@ -441,10 +441,14 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
         d["rope_parameters"] = {FULL: rope, SLIDING: {"rope_type": "default",
                                                       "rope_theta": local}}
         d["rope_local_base_freq"] = local
-        d.update(query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+        qpas = float(cfg.query_pre_attn_scalar or cfg.head_dim)
+        d.update(query_pre_attn_scalar=int(qpas) if qpas.is_integer() else qpas,  # HF: an int
                  attn_logit_softcapping=cfg.attn_logit_softcapping,
                  final_logit_softcapping=cfg.final_logit_softcapping,
                  use_bidirectional_attention=False)
+        if cfg.attn_logit_softcapping is not None:
+            raise ValueError("gemma3_text export: transformers' Gemma 3 does not apply "
+                             "attn_logit_softcapping, so the export would not be this model")
     elif cfg.layer_types or cfg.attn_logit_softcapping or cfg.final_logit_softcapping:
         raise ValueError(f"{cfg.model_type} export: sliding windows / softcaps are Gemma 3 "
                          "features")
