@@ -288,3 +288,24 @@ def test_lora_dry_run_compiles_with_adapter_only_optimizer_state():
     c = r["compiled_memory"]
     assert r["ok"] and c is not None
     assert c["opt_state"] < c["params"] / 2  # adapters only: far below 2x the params
+
+
+@pytest.mark.parametrize("preset", ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "gemma3-270m",
+                                    "gemma3-1b", "gemma3-4b"])
+def test_new_family_presets_dry_run(preset):
+    """The GPU config sized from each Qwen3 / Gemma 3 preset (estimate only): it validates,
+    the report names the family, and the params and KV cache follow the architecture."""
+    from sagc_jax.models.presets import load_preset
+
+    cfg = load_config(ROOT / "configs" / "qwen2.5-0.5b_gsm8k_gpu.yaml", [f"model.preset={preset}"])
+    r = dry_run(cfg, num_devices=1)
+    assert r["ok"], r["errors"]
+    mcfg = load_preset(preset)
+    assert r["model"]["model_type"] == mcfg.model_type
+    assert r["model"]["num_params"] == mcfg.num_params()
+    assert r["memory"]["params"] == 4 * mcfg.num_params()  # float32 params on one device
+    s = max(r["sampler_shapes"], key=lambda s: s["kv_cache_bytes"])
+    # K and V of every layer, all cache slots, each row's kv heads x head_dim (no window bound).
+    per_slot = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2  # bf16
+    assert s["kv_cache_bytes"] % per_slot == 0
+    assert f"{mcfg.model_type} from preset {preset}" in format_report(r)
