@@ -28,6 +28,8 @@ from sagc_jax.models.config import ModelConfig
 from sagc_jax.sampling import Sampler, SamplingConfig
 
 ATOL = 1e-4
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / "sagc_jax" / "assets" / "tokenizer"  # the built-in one, 105 tokens
 B, T = 2, 12  # T > both Gemma windows (5 and 4)
 N_NEW = 40
 # Lengths 3 (inside every window), 9 and 17 (past them); one bucket each side of 8.
@@ -292,3 +294,41 @@ def test_unsupported_model_type_names_it(tiny_hf_dir, tmp_path):  # noqa: F811
     (path / "config.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match=r"^config field 'model_type': unsupported 'gemma2'"):
         from_pretrained(path)
+
+
+# ---- through the CLI: train (full and LoRA), export, transformers ----------------------------
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_gemma3_trains_and_exports_through_the_cli(tmp_path, lora):
+    """`model.path` = a tiny Gemma 3 (window 5 < the prompts) with the built-in tokenizer: an SFT
+    warm start and two GRPO steps run (full fine-tuning, or rank-4 LoRA), and `sagc-jax export`
+    of the final checkpoint
+    gives a directory whose transformers logits equal our model's loaded from that checkpoint
+    (LoRA merged), and that differ from the starting weights (training changed them)."""
+    from hf_fixtures import build_hf_dir
+
+    from sagc_jax.cli import main
+    from sagc_jax.evaluate import load_policy
+
+    spec = {**FAMILY_SPECS["gemma3"], "vocab_size": 112}  # >= the built-in tokenizer's 105
+    base = build_hf_dir(spec, tmp_path / "base")
+    run_dir = tmp_path / "run"
+    # A 2-step SFT warm start on the answer format moves the weights for sure (a random model's
+    # GRPO group often has equal rewards, so zero advantages and no update).
+    extra = ["model.lora.rank=4", "model.lora.alpha=8.0"] if lora else []
+    code = main(["train", "--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
+                 f"model.path={base}", f"model.tokenizer={TOKENIZER}", f"run.dir={run_dir}",
+                 "run.steps=2", "run.eval_every=0",
+                 "init.sft_steps=2", "data.task=arith_short", "data.prompts_per_step=2",
+                 "sagc.group_sizes=[2]", "sagc.initial_group_size=2", "sampling.max_new_tokens=8",
+                 "sampling.prompt_buckets=[32]", "sampling.decode_chunk=8", "checkpoint.every=1",
+                 "run.progress=false", "run.plots=false", *extra])
+    assert code == 0
+    out = tmp_path / "hf"
+    assert main(["export", "--checkpoint", str(run_dir), "--out", str(out)]) == 0  # latest step
+    ours, _, _ = load_policy(run_dir)
+    assert ours.cfg.sliding_window == 5 and bool(ours.cfg.lora_rank) == lora
+    ids = np.random.default_rng(0).integers(0, 105, (2, 14))
+    exported = hf_logits(load_hf(out), ids)
+    assert _max_diff(exported, forward(ours, ids)) <= ATOL
+    assert _max_diff(exported, hf_logits(load_hf(base), ids)) > 100 * ATOL
