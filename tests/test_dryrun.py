@@ -304,8 +304,18 @@ def test_new_family_presets_dry_run(preset):
     assert r["model"]["model_type"] == mcfg.model_type
     assert r["model"]["num_params"] == mcfg.num_params()
     assert r["memory"]["params"] == 4 * mcfg.num_params()  # float32 params on one device
-    s = max(r["sampler_shapes"], key=lambda s: s["kv_cache_bytes"])
-    # K and V of every layer, all cache slots, each row's kv heads x head_dim (no window bound).
-    per_slot = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2  # bf16
-    assert s["kv_cache_bytes"] % per_slot == 0
+    per_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2  # K, V; bf16
+    for s in r["sampler_shapes"]:
+        full = s["rows_per_device"] * s["cache_bucket"] * per_token
+        if mcfg.sliding_window is None:
+            assert s["kv_cache_bytes"] == full
+            continue
+        # Sliding layers hold <= W - 1 prompt + W generated slots; the global ones everything.
+        n_local = sum(mcfg.sliding_layers)
+        bound = s["rows_per_device"] * per_token // mcfg.num_layers * (
+            n_local * (2 * mcfg.sliding_window - 1)
+            + (mcfg.num_layers - n_local) * s["cache_bucket"])
+        assert s["kv_cache_bytes"] <= bound
+        if s["cache_bucket"] > 2 * mcfg.sliding_window:
+            assert s["kv_cache_bytes"] < full
     assert f"{mcfg.model_type} from preset {preset}" in format_report(r)

@@ -332,3 +332,30 @@ def test_gemma3_trains_and_exports_through_the_cli(tmp_path, lora):
     exported = hf_logits(load_hf(out), ids)
     assert _max_diff(exported, forward(ours, ids)) <= ATOL
     assert _max_diff(exported, hf_logits(load_hf(base), ids)) > 100 * ATOL
+
+
+def test_sliding_layers_kv_memory_is_bounded_by_the_window(loaded):
+    """The sampler's own prefill program (abstract evaluation) and decode buffers: a sliding
+    layer holds W - 1 prompt slots per prompt and a ring of W generated slots per row, however
+    long the prompt bucket (24) and the completion (40); a global layer holds all of them. The
+    greedy test above runs this layout past the window (prompt 17, 40 tokens > W = 5)."""
+    from sagc_jax.models.decode import init_gen, kv_layer_slots
+
+    m = loaded("gemma3")
+    cfg, w, P, G, lp = m.cfg, m.cfg.sliding_window, 3, 2, 24
+    sampler = Sampler(m.model, SamplingConfig(group_sizes=(G,), prompts_per_step=P,
+                                              prompt_buckets=(lp,), max_new_tokens=N_NEW),
+                      pad_id=0)
+    ids, lens = jax.ShapeDtypeStruct((P, lp), jnp.int32), jax.ShapeDtypeStruct((P,), jnp.int32)
+    prefix, _ = jax.eval_shape(lambda p, i, n: sampler._prefill_impl(p, i, n, g=G),
+                               sampler._abstract_params, ids, lens)
+    gen = init_gen(cfg, P * G, N_NEW)
+    slot = cfg.num_kv_heads * cfg.head_dim * 4 * 2  # K and V, float32
+    for i, local in enumerate(cfg.sliding_layers):
+        held = sum(x.size * x.dtype.itemsize for x in (prefix.k[i], prefix.v[i]))
+        ring = sum(x.size * x.dtype.itemsize for x in (gen.k[i], gen.v[i]))
+        if local:
+            assert held == P * (w - 1) * slot and ring == P * G * w * slot, i
+        else:
+            assert held == P * lp * slot and ring == P * G * N_NEW * slot, i
+    assert kv_layer_slots(cfg, lp, lp + N_NEW) == 2 * (w - 1 + w) + (lp + N_NEW)
