@@ -359,3 +359,36 @@ def test_sliding_layers_kv_memory_is_bounded_by_the_window(loaded):
         else:
             assert held == P * lp * slot and ring == P * G * N_NEW * slot, i
     assert kv_layer_slots(cfg, lp, lp + N_NEW) == 2 * (w - 1 + w) + (lp + N_NEW)
+
+
+def test_fused_attention_takes_the_family_scale():
+    """The packed path's fused kernel (`jax.nn.dot_product_attention`, run here as 'xla') with
+    Gemma's query_pre_attn_scalar scale equals the einsum attention with the same scale."""
+    from sagc_jax.models.llama import _attention, fused_attention
+
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(2, 6, 4, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, 2, 6, 8)), jnp.float32) for _ in range(2))
+    mask = jnp.tril(jnp.ones((6, 6), bool))[None].repeat(2, 0)
+    scale = 20.0 ** -0.5
+    got = fused_attention(q, k, v, mask, "xla", scale=scale)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(_attention(q, k, v, mask, scale)),
+                               atol=1e-5, rtol=1e-5)
+    assert _max_diff(got, _attention(q, k, v, mask)) > 1e-3  # the default 8 ** -0.5 differs
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen3"])
+def test_bfloat16_compute_is_close(loaded, kind):
+    """bf16 compute (params stay float32) through Gemma's float32 (1 + w) norms and scaled
+    embeddings, and Qwen3's q/k norms: its distance to the float32 reference is of the size of
+    transformers' own bf16 distance (these randomised norms scale by up to 2.5 per norm, so
+    bf16 rounding alone moves Gemma's logits by ~0.17, past test_models' 0.06 for Llama)."""
+    m = loaded(kind)
+    model, cfg = from_pretrained(m.path, dtype="bfloat16")
+    out = forward(model, m.ids)
+    assert cfg.dtype == "bfloat16" and out.dtype == np.float32 and np.all(np.isfinite(out))
+    with torch.no_grad():
+        hf16 = type(m.hf).from_pretrained(m.path, dtype=torch.bfloat16).eval()
+        theirs = hf16(torch.tensor(m.ids)).logits.float().numpy()
+    hf_err = _max_diff(theirs, m.ref)
+    assert 0 < _max_diff(out, m.ref) <= max(2 * hf_err, 0.06)
