@@ -51,6 +51,48 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(FAMILIES)
 
+
+@dataclasses.dataclass(frozen=True)
+class TextTower:
+    """A multimodal checkpoint whose text decoder we load as its text family (vision skipped).
+
+    - `config_key`: where config.json nests the text config; `text_defaults`: the text config
+      class's defaults, which transformers 4.x leaves out of a nested config (hub files such as
+      google/gemma-3-4b-it's list only the fields that differ).
+    - `layouts`: per known checkpoint layout, (text model's HF prefix, checkpoint prefix) pairs:
+      4.x / hub files store `language_model.model.*`, 5.x's live modules `model.language_model.*`
+      (the first layout whose embedding is present is used).
+    - `skipped`: tensor prefixes of the other towers.
+    """
+
+    model_type: str
+    text_model_type: str
+    config_key: str
+    text_defaults: tuple[tuple[str, object], ...]
+    layouts: tuple[tuple[tuple[str, str], ...], ...]
+    skipped: tuple[str, ...]
+
+
+# transformers' Gemma3TextConfig defaults (configuration_gemma3.py, 5.x).
+_GEMMA3_TEXT_DEFAULTS = (
+    ("vocab_size", 262208), ("hidden_size", 2304), ("intermediate_size", 9216),
+    ("num_hidden_layers", 26), ("num_attention_heads", 8), ("num_key_value_heads", 4),
+    ("head_dim", 256), ("hidden_activation", "gelu_pytorch_tanh"),
+    ("max_position_embeddings", 131072), ("rms_norm_eps", 1e-6), ("pad_token_id", 0),
+    ("eos_token_id", 1), ("bos_token_id", 2), ("tie_word_embeddings", True),
+    ("query_pre_attn_scalar", 256), ("sliding_window", 4096), ("rope_theta", 1_000_000.0),
+    ("rope_local_base_freq", 10_000.0), ("sliding_window_pattern", 6),
+)
+
+TEXT_TOWERS: dict[str, TextTower] = {t.model_type: t for t in (
+    TextTower("gemma3", "gemma3_text", "text_config", _GEMMA3_TEXT_DEFAULTS,
+              layouts=((("model.", "language_model.model."),
+                        ("lm_head.", "language_model.lm_head.")),
+                       (("model.", "model.language_model."), ("lm_head.", "lm_head."))),
+              skipped=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                       "model.multi_modal_projector.")),
+)}
+
 # GGUF `general.architecture` -> our model_type.
 GGUF_ARCHITECTURES: dict[str, str] = {f.gguf_arch: f.model_type for f in FAMILIES.values()}
 
@@ -58,7 +100,8 @@ SLIDING, FULL = "sliding_attention", "full_attention"  # HF `layer_types` values
 
 
 def family(model_type: str) -> Family:
-    """The record of `model_type`; ValueError in one line naming it otherwise."""
+    """The record of `model_type`; ValueError in one line naming it otherwise (a text tower's
+    outer type is accepted where config.json is read, `config.text_tower_dict`)."""
     try:
         return FAMILIES[model_type]
     except KeyError:

@@ -33,9 +33,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from sagc_jax.models.config import ModelConfig, from_hf_dict
+from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.families import FULL, GGUF_ARCHITECTURES, SLIDING, family
 from sagc_jax.models.hf import ModelFileError, _flatten, _unflatten
+from sagc_jax.models.hf_config import from_hf_dict
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.sharding import state_shardings
 

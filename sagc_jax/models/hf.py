@@ -28,7 +28,9 @@ from jax.sharding import Mesh
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from sagc_jax.models.config import ModelConfig, from_hf_dict, to_hf_dict
+from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.families import TEXT_TOWERS
+from sagc_jax.models.hf_config import from_hf_dict, to_hf_dict
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.lora import lora_scale, merge_lora
 from sagc_jax.models.sharding import state_shardings
@@ -196,6 +198,27 @@ class _SafetensorsReader:
         return raw.view(ml_dtypes.bfloat16).reshape(info["shape"])
 
 
+def _tower_names(hf_dict: dict[str, Any], stored: set[str]
+                 ) -> tuple[Any, tuple[str, ...]]:
+    """(our HF name -> the checkpoint's name, prefixes of tensors to skip): the identity and
+    nothing for a text model; for a multimodal checkpoint (`TEXT_TOWERS`), its text tower's names
+    in whichever known layout holds the embedding, and its other towers skipped."""
+    tower = TEXT_TOWERS.get(hf_dict.get("model_type"))
+    if tower is None:
+        return (lambda n: n), ()
+    layout = next((pairs for pairs in tower.layouts
+                   if _swap_prefix("model.embed_tokens.weight", pairs) in stored),
+                  tower.layouts[0])
+    return (lambda n: _swap_prefix(n, layout)), tower.skipped
+
+
+def _swap_prefix(name: str, pairs: tuple[tuple[str, str], ...]) -> str:
+    for ours, theirs in pairs:
+        if name.startswith(ours):
+            return theirs + name.removeprefix(ours)
+    return name
+
+
 def from_pretrained(
     path: str | os.PathLike,
     *,
@@ -208,7 +231,7 @@ def from_pretrained(
 
     Args:
       path: directory with `config.json` and `model.safetensors` or a sharded
-        `model.safetensors.index.json`.
+        `model.safetensors.index.json`; a multimodal one (Gemma 3) gives its text decoder.
       dtype: compute dtype ("float32" / "bfloat16").
       param_dtype: storage dtype of the params (default float32); tensors are cast to it on
         the host before they are placed.
@@ -245,10 +268,13 @@ def from_pretrained(
 
     with contextlib.ExitStack() as stack:
         reader = _SafetensorsReader(path, stack)
+        rename, skipped = _tower_names(hf_dict, set(reader.file_of))
+        tied_name = rename(_TIED_HEAD)
         # Pass 1, headers only: every name present with the right shape, nothing unexpected.
         plan: dict[str, tuple[list[str], bool]] = {}
         for p, sds in abstract_params.items():
             names, transposed = _hf_names(p, cfg)
+            names = [rename(n) for n in names]
             plan[p] = names, transposed
             want = tuple(sds.shape[1:] if p.startswith("layers.") else sds.shape)
             want = want[::-1] if transposed else want
@@ -259,10 +285,10 @@ def from_pretrained(
                                      f"expected {list(want)} from the config")
         expected = {n for names, _ in plan.values() for n in names}
         extra = sorted(n for n in set(reader.file_of) - expected
-                       if not n.endswith(_HARMLESS_SUFFIXES))
-        tied_head = cfg.tie_word_embeddings and _TIED_HEAD in extra
+                       if not n.endswith(_HARMLESS_SUFFIXES) and not n.startswith(skipped))
+        tied_head = cfg.tie_word_embeddings and tied_name in extra
         if tied_head:
-            extra.remove(_TIED_HEAD)  # checked against the embedding below
+            extra.remove(tied_name)  # checked against the embedding below
         if extra:
             shown = ", ".join(repr(n) for n in extra[:8])
             more = f" (+{len(extra) - 8} more)" if len(extra) > 8 else ""
@@ -282,9 +308,9 @@ def from_pretrained(
             del value
 
         embed = np.asarray(values["embed"])
-        if tied_head and not np.array_equal(reader.get(_TIED_HEAD).astype(embed.dtype), embed):
+        if tied_head and not np.array_equal(reader.get(tied_name).astype(embed.dtype), embed):
             # Some tied checkpoints still store the head; fine only if it *is* the embedding.
-            raise ValueError(f"tensor '{_TIED_HEAD}' in {reader.where(_TIED_HEAD)} differs from "
+            raise ValueError(f"tensor '{tied_name}' in {reader.where(tied_name)} differs from "
                              "the embedding but config has tie_word_embeddings=true")
 
     nnx.replace_by_pure_dict(state, _unflatten(values))

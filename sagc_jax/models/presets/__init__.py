@@ -5,7 +5,7 @@ HF model; Qwen3 / Gemma 3 files name it in ``_name_or_path``),
 reduced to the fields that shape the network (widths, depth, heads, vocabulary, RoPE, norms,
 tied head, special token ids). Fields that do not change the forward pass (``max_window_layers``,
 ``sliding_window`` with sliding windows off, ``initializer_range``...) are left out. They are read
-through the same mapping as a real checkpoint (:func:`sagc_jax.models.config.from_hf_dict`), so a
+through the same mapping as a real checkpoint (:func:`sagc_jax.models.hf_config.from_hf_dict`), so a
 preset and the real model's directory give the same :class:`ModelConfig`.
 
 Use: ``model.preset=qwen2.5-0.5b`` in a run config (the dry run sizes a run from it when
@@ -36,7 +36,8 @@ import json
 from importlib import resources
 from typing import Any
 
-from sagc_jax.models.config import ModelConfig, from_hf_dict
+from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.hf_config import from_hf_dict
 
 __all__ = ["PresetError", "load_preset", "preset_hf_dict", "preset_names"]
 
