@@ -392,3 +392,49 @@ def test_bfloat16_compute_is_close(loaded, kind):
         theirs = hf16(torch.tensor(m.ids)).logits.float().numpy()
     hf_err = _max_diff(theirs, m.ref)
     assert 0 < _max_diff(out, m.ref) <= max(2 * hf_err, 0.06)
+
+
+def test_multimodal_gemma3_checkpoint_loads_its_text_tower(tmp_path):
+    """A Gemma3ForConditionalGeneration checkpoint (model_type gemma3: a SigLIP tower, the
+    projector, the text decoder under `language_model.`): we load the text decoder, whose logits
+    on text-only ids equal the multimodal model's; and a config.json whose `text_config` lists
+    only the fields that differ from Gemma3TextConfig's defaults (as hub files do) loads to the
+    same config. Its export is a text-only Gemma3ForCausalLM."""
+    import shutil
+
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                query_pre_attn_scalar=16, sliding_window_pattern=3, initializer_range=0.1)
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=28, patch_size=14)
+    hf = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
+        boi_token_index=297, eoi_token_index=298)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(-0.5, 0.5)
+    hf.save_pretrained(tmp_path / "mm")
+    model, cfg = from_pretrained(tmp_path / "mm")
+    assert cfg.model_type == "gemma3_text" and cfg.sliding_layers == (True, True, False)
+    ids = np.random.default_rng(0).integers(0, 290, (2, 11))
+    assert _max_diff(forward(model, ids), hf_logits(hf, ids)) <= ATOL
+
+    # The hub's 4.x layout: text_config without its defaults.
+    sparse = tmp_path / "sparse"
+    shutil.copytree(tmp_path / "mm", sparse)
+    d = json.loads((sparse / "config.json").read_text())
+    d["text_config"] = {"model_type": "gemma3_text", "vocab_size": 300, "hidden_size": 64,
+                        "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 4,
+                        "query_pre_attn_scalar": 16, "sliding_window_pattern": 3}
+    (sparse / "config.json").write_text(json.dumps(d))
+    assert from_pretrained(sparse)[1] == cfg
+
+    save_pretrained(model, tmp_path / "out")
+    text_only = load_hf(tmp_path / "out")
+    assert type(text_only).__name__ == "Gemma3ForCausalLM"
+    assert _max_diff(hf_logits(text_only, ids), hf_logits(hf, ids)) <= ATOL
