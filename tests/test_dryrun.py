@@ -38,7 +38,8 @@ QWEN = {  # public config.json numbers of Qwen2.5-{0.5B,1.5B}-Instruct -> (confi
              1_543_714_304),
 }
 # Target topology of configs that are not meant for this machine's 4 CPU devices.
-TARGETS = {"tpu-v5e-16": dict(num_devices=16, num_processes=4)}
+TARGETS = {"tpu-v5e-16": dict(num_devices=16, num_processes=4),
+           "tpu-v5e-8": dict(num_devices=8, num_processes=1)}
 
 
 @pytest.fixture(scope="module")
