@@ -438,3 +438,24 @@ def test_multimodal_gemma3_checkpoint_loads_its_text_tower(tmp_path):
     text_only = load_hf(tmp_path / "out")
     assert type(text_only).__name__ == "Gemma3ForCausalLM"
     assert _max_diff(hf_logits(text_only, ids), hf_logits(hf, ids)) <= ATOL
+
+
+def test_gemma3_sampler_has_no_compiles_after_compile_all(loaded):
+    """The ring-buffer decode keeps the sampler's shape set closed: after `compile_all`, prompts
+    of any length in both buckets (some past the window), any n and G, sampled or greedy, compile
+    nothing."""
+    from sagc_jax.sampling import compile_count
+
+    m = loaded("gemma3")
+    sampler = Sampler(m.model, SamplingConfig(group_sizes=(1, 2), prompts_per_step=3,
+                                              prompt_buckets=(8, 24), max_new_tokens=12,
+                                              decode_chunk=4, use_top_p=True), pad_id=0)
+    assert sampler.compile_all(progress=False) > 0
+    keys = {n: jax.random.key(n) for n in (3, 12, 7)}  # key creation compiles on its own
+    before = compile_count()
+    for g in (1, 2):
+        for prompts in ([[1, 2, 3]], [[4] * 8, [5] * 6], [[7] * 9, [8] * 24, [1]]):
+            for n, kw in ((3, {"greedy": True}), (12, {"top_p": 0.8}), (7, {})):
+                out = sampler.generate(prompts, group_size=g, key=keys[n], max_new_tokens=n, **kw)
+                assert out.stats.compiles == 0 and out.tokens.shape == (len(prompts) * g, n)
+    assert compile_count() == before
