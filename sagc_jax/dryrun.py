@@ -37,6 +37,7 @@ from sagc_jax.dryrun_report import format_report
 from sagc_jax.memory_estimate import MemoryInputs, activation_bytes, estimate, option_effects
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.build import model_config, with_lora
+from sagc_jax.models.decode import kv_layer_slots
 from sagc_jax.models.gguf import is_gguf
 from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
 from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
@@ -294,7 +295,7 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     errors += plan_err
     warnings += plan_warn
     kv_tok = mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2 * dt_bytes
-    sampler_shapes = _sampler_shapes(plan, mcfg, kv_tok)
+    sampler_shapes = _sampler_shapes(plan, mcfg, kv_tok // mcfg.num_layers)
     train_shapes = _train_shapes(plan, mcfg, tensor, dt_bytes)
     longest = max(x["cache_bucket"] for x in sampler_shapes)
     if longest > mcfg.max_position_embeddings:
@@ -401,8 +402,11 @@ def _row_shards(plan: ShapePlan, rows: int) -> int:
     return plan.batch_ways if plan.rows_split(rows) else 1
 
 
-def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig, kv_tok: int) -> list[dict[str, Any]]:
-    """Every (G, prompt bucket) sampler program with its per-device KV cache and logits bytes."""
+def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig,
+                    kv_slot: int) -> list[dict[str, Any]]:
+    """Every (G, prompt bucket) sampler program with its per-device KV cache and logits bytes
+    (`kv_slot`: bytes of one layer's key and value for one token; sliding-window layers hold
+    at most about two windows, `kv_layer_slots`)."""
     try:
         shapes = plan.sampler_shapes()
     except ValueError as e:
@@ -412,7 +416,9 @@ def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig, kv_tok: int) -> list[dic
         per_dev = math.ceil(s.rows / _row_shards(plan, s.rows))
         out.append({"group_size": s.group_size, "prompts": s.prompts, "rows": s.rows,
                     "prompt_bucket": s.prompt_bucket, "cache_bucket": s.cache_bucket,
-                    "rows_per_device": per_dev, "kv_cache_bytes": per_dev * s.cache_bucket * kv_tok,
+                    "rows_per_device": per_dev,
+                    "kv_cache_bytes": per_dev * kv_slot * kv_layer_slots(mcfg, s.prompt_bucket,
+                                                                         s.cache_bucket),
                     "decode_logits_bytes": per_dev * mcfg.vocab_size * 4})
     return out
 

@@ -16,7 +16,16 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 Q = gguf.GGMLQuantizationType
@@ -35,6 +44,15 @@ LAYER_NAMES = {
     "self_attn.v_proj.bias": "attn_v.bias",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+# Gemma 3's four norms (llama.cpp's names).
+GEMMA_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
              "output_norm.weight", "lm_head.weight": "output.weight"}
@@ -52,7 +70,8 @@ VOCAB = len(tokens())  # 265
 def hf_model(arch: str, *, hidden: int = 256, layers: int = 2, tie: bool = False,
              seed: int = 0) -> torch.nn.Module:
     """A random transformers model whose weights go into the GGUF (hidden % 256 == 0 so the
-    K-quants fit)."""
+    K-quants fit). qwen3 / gemma3: head_dim 128 / 256, the values transformers' GGUF loader
+    assumes (it reads no key_length for qwen3, no query_pre_attn_scalar for gemma3)."""
     torch.manual_seed(seed)
     kw = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
@@ -60,6 +79,13 @@ def hf_model(arch: str, *, hidden: int = 256, layers: int = 2, tie: bool = False
               tie_word_embeddings=tie, initializer_range=0.05)
     if arch == "llama":
         m = LlamaForCausalLM(LlamaConfig(**kw))
+    elif arch == "qwen3":
+        m = Qwen3ForCausalLM(Qwen3Config(**kw, head_dim=128))
+    elif arch == "gemma3":
+        # 7 layers: llama.cpp's pattern makes layer 5 global; window 4 < the test's 10 ids.
+        m = Gemma3ForCausalLM(Gemma3TextConfig(**{**kw, "num_hidden_layers": max(layers, 7)},
+                                               head_dim=256, query_pre_attn_scalar=256,
+                                               sliding_window=4))
     else:
         m = Qwen2ForCausalLM(Qwen2Config(**kw))
     with torch.no_grad():
@@ -110,7 +136,7 @@ def write_gguf(path: str | os.PathLike[str], hf: torch.nn.Module, qtypes: dict[s
       tensor names left out. raw: GGUF name -> quant type whose bytes are written as-is (zeros).
     """
     c = hf.config
-    model_arch = c.model_type
+    model_arch = {"gemma3_text": "gemma3"}.get(c.model_type, c.model_type)
     arch = arch or model_arch
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(os.fspath(path), arch)
@@ -121,9 +147,17 @@ def write_gguf(path: str | os.PathLike[str], hf: torch.nn.Module, qtypes: dict[s
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)  # Gemma: per layer type
+    w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
+    if model_arch in ("qwen3", "gemma3"):
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if model_arch == "gemma3":
+        w.add_sliding_window(c.sliding_window)
+    names = GEMMA_LAYER_NAMES if model_arch == "gemma3" else LAYER_NAMES
     toks = tokens()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm" if model_arch == "llama" else "qwen2")
@@ -139,7 +173,7 @@ def write_gguf(path: str | os.PathLike[str], hf: torch.nn.Module, qtypes: dict[s
     for name, t in hf.state_dict().items():
         if name.startswith("model.layers."):
             _, _, i, rest = name.split(".", 3)
-            kind = LAYER_NAMES[rest]
+            kind = names[rest]
             gname = f"blk.{i}.{kind}"
         elif name == "lm_head.weight" and c.tie_word_embeddings:
             continue
@@ -151,6 +185,8 @@ def write_gguf(path: str | os.PathLike[str], hf: torch.nn.Module, qtypes: dict[s
         stem = kind.split(".")[0]
         if model_arch == "llama" and stem in heads:
             x = llama_permute(x, heads[stem])
+        if model_arch == "gemma3" and gname.endswith("norm.weight"):
+            x = x + 1.0  # llama.cpp's converter stores Gemma's (1 + w)
         if raw and gname in raw:
             block, size = gguf.GGML_QUANT_SIZES[raw[gname]]
             data = np.zeros((*x.shape[:-1], x.shape[-1] // block * size), np.uint8)

@@ -63,6 +63,40 @@ TINY_SPECS: dict[str, dict[str, Any]] = {
                        tie_word_embeddings=False, save_dtype="bfloat16"),
 }
 
+# Qwen3 and Gemma 3 text (tests/test_families.py): kept apart from TINY_SPECS, whose kinds
+# test_models.py parametrizes over with per-kind expectations.
+_SLIDE, _FULL = "sliding_attention", "full_attention"
+FAMILY_SPECS: dict[str, dict[str, Any]] = {
+    # Qwen3, GQA 2:1, tied, head_dim 24 != hidden 64 / 4 heads, q/k norms.
+    "qwen3": dict(kind="qwen3", vocab_size=149, hidden_size=64, intermediate_size=96,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                  tie_word_embeddings=True, rope_theta=20000.0),
+    # Qwen3 untied, one kv head, attention_bias (q/k/v/o), 3 layers.
+    "qwen3_bias": dict(kind="qwen3", vocab_size=103, hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+                       head_dim=16, attention_bias=True, tie_word_embeddings=False),
+    # Gemma 3: GQA 2:1, window 5 (prompts are longer), local/global layers with their own RoPE
+    # (global: linear scaling), query_pre_attn_scalar 20 != head_dim 24, final softcap, tied.
+    "gemma3": dict(kind="gemma3", vocab_size=163, hidden_size=64, intermediate_size=96,
+                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=24, query_pre_attn_scalar=20, sliding_window=5,
+                   layer_types=[_SLIDE, _FULL, _SLIDE],
+                   rope_parameters={_FULL: {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 10000.0},
+                                    _SLIDE: {"rope_type": "default", "rope_theta": 100.0}},
+                   final_logit_softcapping=3.0, tie_word_embeddings=True),
+    # Gemma 3, one kv head, untied, 4 layers, window 4, config.json in the 4.x layout
+    # (`sliding_window_pattern` 2, `rope_theta` + `rope_local_base_freq`).
+    "gemma3_v4": dict(kind="gemma3", vocab_size=97, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+                      layer_types=[_SLIDE, _FULL, _SLIDE, _FULL],
+                      rope_parameters={_FULL: {"rope_type": "default", "rope_theta": 50000.0},
+                                       _SLIDE: {"rope_type": "default", "rope_theta": 1000.0}},
+                      tie_word_embeddings=False, config_layout="gemma_v4"),
+}
+ALL_SPECS: dict[str, dict[str, Any]] = {**TINY_SPECS, **FAMILY_SPECS}
+
 # Spec keys that are ours, not HF config fields.
 _LOCAL_KEYS = ("kind", "config_layout", "sharded", "save_dtype", "seed")
 
@@ -70,16 +104,18 @@ _LOCAL_KEYS = ("kind", "config_layout", "sharded", "save_dtype", "seed")
 def build_hf_model(spec: dict[str, Any]):
     """A random transformers CausalLM (float32, eval) for `spec` (see TINY_SPECS)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers as tf
 
+    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+               "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
+    if spec["kind"] not in classes:
+        raise ValueError(f"unknown kind {spec['kind']!r}")
     torch.manual_seed(spec.get("seed", 0))
     kw = {**_BASE, **{k: v for k, v in spec.items() if k not in _LOCAL_KEYS}}
-    if spec["kind"] == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**kw))
-    elif spec["kind"] == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**kw))
-    else:
-        raise ValueError(f"unknown kind {spec['kind']!r}")
+    config_cls, model_cls = (getattr(tf, n) for n in classes[spec["kind"]])
+    model = model_cls(config_cls(**kw))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -97,6 +133,22 @@ def _write_v4_config(dest: pathlib.Path) -> None:
     d["rope_theta"] = rope.pop("rope_theta")
     rope_type = rope.pop("rope_type")
     d["rope_scaling"] = None if rope_type == "default" else {"type": rope_type, **rope}
+    path.write_text(json.dumps(d, indent=2))
+
+
+def _write_gemma_v4_config(dest: pathlib.Path) -> None:
+    """Rewrites a Gemma 3 config.json in the 4.x layout: `sliding_window_pattern` instead of
+    `layer_types`, `rope_theta` / `rope_local_base_freq` instead of per-type `rope_parameters`
+    (as google/gemma-3-1b-it's config.json is written)."""
+    path = dest / "config.json"
+    d = json.loads(path.read_text())
+    types = d.pop("layer_types")
+    period = types.index("full_attention") + 1
+    assert all((t == "full_attention") == ((i + 1) % period == 0) for i, t in enumerate(types))
+    rope = d.pop("rope_parameters")
+    d.update(sliding_window_pattern=period, rope_scaling=None,
+             rope_theta=rope["full_attention"]["rope_theta"],
+             rope_local_base_freq=rope["sliding_attention"]["rope_theta"])
     path.write_text(json.dumps(d, indent=2))
 
 
@@ -130,6 +182,8 @@ def build_hf_dir(spec: dict[str, Any], dest: str | os.PathLike) -> pathlib.Path:
     model.save_pretrained(dest)
     if spec.get("config_layout") == "v4":
         _write_v4_config(dest)
+    if spec.get("config_layout") == "gemma_v4":
+        _write_gemma_v4_config(dest)
     if spec.get("sharded"):
         shard_safetensors(dest)
     return dest
@@ -157,7 +211,7 @@ _BUILT: dict[str, pathlib.Path] = {}
 
 @pytest.fixture(scope="session")
 def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], pathlib.Path]:
-    """Factory `kind -> checkpoint dir` (kinds: TINY_SPECS keys); each built once per session.
+    """Factory `kind -> checkpoint dir` (kinds: ALL_SPECS keys); each built once per session.
 
     Treat the returned dirs as read-only: copy one before corrupting it.
     """
@@ -167,7 +221,7 @@ def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], pat
 
     def get(kind: str) -> pathlib.Path:
         if kind not in _BUILT:
-            _BUILT[kind] = build_hf_dir(TINY_SPECS[kind], root / kind)
+            _BUILT[kind] = build_hf_dir(ALL_SPECS[kind], root / kind)
         return _BUILT[kind]
 
     return get

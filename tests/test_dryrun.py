@@ -38,7 +38,8 @@ QWEN = {  # public config.json numbers of Qwen2.5-{0.5B,1.5B}-Instruct -> (confi
              1_543_714_304),
 }
 # Target topology of configs that are not meant for this machine's 4 CPU devices.
-TARGETS = {"tpu-v5e-16": dict(num_devices=16, num_processes=4)}
+TARGETS = {"tpu-v5e-16": dict(num_devices=16, num_processes=4),
+           "tpu-v5e-8": dict(num_devices=8, num_processes=1)}
 
 
 @pytest.fixture(scope="module")
@@ -312,3 +313,34 @@ def test_preset_fallback_keeps_lora(tmp_path):
     # LoRA rank 16 on 134.5M params: the adapters are < 10 % of the weights (full fine-tuning
     # would hold two AdamW moments of every weight, 2x the params' bytes).
     assert mem["optimizer"] < 0.1 * mem["params"], mem
+
+
+@pytest.mark.parametrize("preset", ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "gemma3-270m",
+                                    "gemma3-1b", "gemma3-4b"])
+def test_new_family_presets_dry_run(preset):
+    """The GPU config sized from each Qwen3 / Gemma 3 preset (estimate only): it validates,
+    the report names the family, and the params and KV cache follow the architecture."""
+    from sagc_jax.models.presets import load_preset
+
+    cfg = load_config(ROOT / "configs" / "qwen2.5-0.5b_gsm8k_gpu.yaml", [f"model.preset={preset}"])
+    r = dry_run(cfg, num_devices=1)
+    assert r["ok"], r["errors"]
+    mcfg = load_preset(preset)
+    assert r["model"]["model_type"] == mcfg.model_type
+    assert r["model"]["num_params"] == mcfg.num_params()
+    assert r["memory"]["params"] == 4 * mcfg.num_params()  # float32 params on one device
+    per_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2  # K, V; bf16
+    for s in r["sampler_shapes"]:
+        full = s["rows_per_device"] * s["cache_bucket"] * per_token
+        if mcfg.sliding_window is None:
+            assert s["kv_cache_bytes"] == full
+            continue
+        # Sliding layers hold <= W - 1 prompt + W generated slots; the global ones everything.
+        n_local = sum(mcfg.sliding_layers)
+        bound = s["rows_per_device"] * per_token // mcfg.num_layers * (
+            n_local * (2 * mcfg.sliding_window - 1)
+            + (mcfg.num_layers - n_local) * s["cache_bucket"])
+        assert s["kv_cache_bytes"] <= bound
+        if s["cache_bucket"] > 2 * mcfg.sliding_window:
+            assert s["kv_cache_bytes"] < full
+    assert f"{mcfg.model_type} from preset {preset}" in format_report(r)

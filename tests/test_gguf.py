@@ -36,6 +36,14 @@ QWEN_Q = {"attn_q.weight": Q.BF16, "attn_k.weight": Q.Q8_0, "attn_v.weight": Q.Q
           "attn_output.weight": Q.F16, "ffn_up.weight": Q.Q5_1, "ffn_down.weight": Q.Q4_0}
 
 
+QWEN3_Q = {"attn_q.weight": Q.Q8_0, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K,
+           "attn_output.weight": Q.BF16, "ffn_gate.weight": Q.Q5_0, "ffn_down.weight": Q.F16,
+           "output.weight": Q.Q4_0}
+GEMMA3_Q = {"token_embd.weight": Q.Q8_0, "attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q6_K,
+            "attn_v.weight": Q.Q5_1, "attn_output.weight": Q.F16, "ffn_gate.weight": Q.Q4_0,
+            "ffn_up.weight": Q.BF16, "ffn_down.weight": Q.Q8_0}
+
+
 def _hf_logits(path: str) -> np.ndarray:
     """Logits of transformers' own GGUF loading of `path` (float32) on IDS."""
     ref = AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
@@ -55,6 +63,8 @@ def files(tmp_path_factory) -> dict:
         "llama": write_gguf(d / "llama.gguf", llama_hf, LLAMA_Q),
         "qwen2": write_gguf(d / "qwen2.gguf", qwen_hf, QWEN_Q),
         "llama_f32": write_gguf(d / "llama_f32.gguf", llama_hf, {}),
+        "qwen3": write_gguf(d / "qwen3.gguf", hf_model("qwen3", seed=2), QWEN3_Q),
+        "gemma3": write_gguf(d / "gemma3.gguf", hf_model("gemma3", tie=True, seed=3), GEMMA3_Q),
     }
 
 
@@ -67,6 +77,23 @@ def test_logits_match_transformers_gguf_loading(files, arch):
     diff = float(np.abs(np.asarray(model(IDS)) - ref).max())
     assert diff <= 1e-4, diff
     assert np.abs(ref).max() > 0.5  # logits far from zero: the comparison means something
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_qwen3_and_gemma3_match_transformers_gguf_loading(files, arch):
+    """K-quant and legacy-quant qwen3 / gemma3 files (q/k norms; Gemma's (1 + w) norms stored
+    +1, window 4 < the 10 ids, layer 5 of 7 global) load to transformers' GGUF logits."""
+    model, cfg = from_pretrained(files[arch])
+    assert cfg.family.gguf_arch == arch and cfg.vocab_size == VOCAB and cfg.family.qk_norm
+    if arch == "gemma3":
+        assert cfg.sliding_layers == (True,) * 5 + (False, True) and cfg.sliding_window == 4
+        assert cfg.tie_word_embeddings and cfg.query_pre_attn_scalar == 256
+    else:
+        assert cfg.head_dim == 128 and not cfg.tie_word_embeddings and not cfg.qkv_bias
+    ref = _hf_logits(files[arch])
+    diff = float(np.abs(np.asarray(model(IDS)) - ref).max())
+    assert diff <= 1e-4, diff
+    assert np.abs(ref).max() > 0.5
 
 
 def test_llama_qk_permutation_undone_exactly(files):
@@ -112,7 +139,7 @@ def test_errors_name_file_tensor_and_type(files):
     d = files["dir"]
     hf = files["llama_hf"]
     _one_line(GGUFError, r"falcon\.gguf: general\.architecture 'falcon' is not supported "
-              r"\(supported: llama, qwen2\)",
+              r"\(supported: llama, qwen2, qwen3, gemma3\)",
               from_pretrained, write_gguf(d / "falcon.gguf", hf, {}, arch="falcon"))
     _one_line(GGUFError, r"q8_1\.gguf: tensor 'blk\.1\.ffn_up\.weight' has quantization type "
               r"Q8_1, which gguf-py cannot dequantize",

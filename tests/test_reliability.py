@@ -26,7 +26,8 @@ from sagc_jax import checkpoint as ckpt  # noqa: E402
 from sagc_jax.cli import main  # noqa: E402
 from sagc_jax.config import ConfigError, load_config  # noqa: E402
 from sagc_jax.data.readers import DataError, read_examples  # noqa: E402
-from sagc_jax.models.config import ModelConfigError, from_hf_dict  # noqa: E402
+from sagc_jax.models.config import ModelConfigError  # noqa: E402
+from sagc_jax.models.hf_config import from_hf_dict  # noqa: E402
 from sagc_jax.rl.rewards import (  # noqa: E402
     RewardError,
     RewardFn,

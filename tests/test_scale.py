@@ -29,10 +29,35 @@ PUBLIC_PARAMS = {
     "llama-3.2-1b": 1_235_814_400, "llama-3.2-3b": 3_212_749_824,
     "smollm2-135m": 134_515_008,
 }
+# Qwen3 / Gemma 3: the model cards' rounded figures, millions (total, non-embedding): Qwen3
+# cards' "Number of Parameters (Non-Embedding)", Gemma 3 270M's "170M embedding + 100M
+# transformer"; gemma3-4b is the text tower of the 4.3B model (its 0.4B SigLIP encoder left out).
+CARD_PARAMS = {
+    "qwen3-0.6b": (600, 440), "qwen3-1.7b": (1700, 1400), "qwen3-4b": (4000, 3600),
+    "gemma3-270m": (270, 100), "gemma3-1b": (1000, None), "gemma3-4b": (3900, None),
+}
+
+
+def test_new_family_presets_match_model_cards():
+    for name, (total, body) in CARD_PARAMS.items():
+        cfg = load_preset(name, dtype="bfloat16")
+        assert cfg == from_hf_dict(preset_hf_dict(name), dtype="bfloat16")
+        n = cfg.num_params() / 1e6
+        assert abs(n - total) / total < 0.03, (name, n)
+        if body is not None:
+            assert abs(n - cfg.vocab_size * cfg.hidden_size / 1e6 - body) / body < 0.03, name
+    g270, g4 = load_preset("gemma3-270m"), load_preset("gemma3-4b")
+    # Every 6th layer global (270M: 3 of 18), window 512; the 4B's global RoPE is linear x8.
+    assert g270.sliding_layers.count(False) == 3 and not g270.sliding_layers[5]
+    assert (g270.sliding_window, g270.rope_theta, g270.rope_local_theta) == (512, 1e6, 1e4)
+    assert g4.rope_type == "linear" and g4.rope_scaling == (("factor", 8.0),)
+    assert g4.sliding_window == 1024 and g4.vocab_size == 262208
+    q06 = load_preset("qwen3-0.6b")
+    assert (q06.head_dim, q06.num_heads * q06.head_dim, q06.hidden_size) == (128, 2048, 1024)
 
 
 def test_presets_match_public_models():
-    assert preset_names() == tuple(sorted(PUBLIC_PARAMS))
+    assert preset_names() == tuple(sorted(PUBLIC_PARAMS | CARD_PARAMS))
     for name, n in PUBLIC_PARAMS.items():
         cfg = load_preset(name, dtype="bfloat16")
         assert cfg.num_params() == n, name
@@ -46,7 +71,8 @@ def test_presets_match_public_models():
 
 
 def test_unknown_preset_lists_the_names():
-    with pytest.raises(PresetError, match=r"unknown preset 'qwen-0.5b'; known: llama-3.2-1b, "):
+    with pytest.raises(PresetError,
+                       match=r"unknown preset 'qwen-0.5b'; known: gemma3-1b, gemma3-270m, "):
         load_preset("qwen-0.5b")
     assert load_preset(" Qwen2.5-0.5B ").hidden_size == 896  # case and spaces forgiven
 

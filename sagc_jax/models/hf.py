@@ -1,4 +1,5 @@
-"""HF checkpoint import/export for the Llama / Qwen2 `Transformer` (safetensors, no torch).
+"""HF checkpoint import/export for the `Transformer` of every family (Llama, Qwen2, Qwen3, Gemma 3
+text; safetensors, no torch).
 
 Import reads `config.json` plus `model.safetensors` (or a sharded `model.safetensors.index.json`)
 tensor by tensor: each of our stacked params is assembled on the host from its L per-layer HF
@@ -27,7 +28,9 @@ from jax.sharding import Mesh
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from sagc_jax.models.config import ModelConfig, from_hf_dict, to_hf_dict
+from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.families import TEXT_TOWERS
+from sagc_jax.models.hf_config import from_hf_dict, to_hf_dict
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.lora import lora_scale, merge_lora
 from sagc_jax.models.sharding import state_shardings
@@ -54,6 +57,16 @@ _LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "gate_bias": ("mlp.gate_proj.bias", False),
     "up_bias": ("mlp.up_proj.bias", False),
     "down_bias": ("mlp.down_proj.bias", False),
+    "q_norm": ("self_attn.q_norm.weight", False),
+    "k_norm": ("self_attn.k_norm.weight", False),
+}
+# Gemma's four norms a block: HF's `post_attention_layernorm` is the attention output's norm
+# there, while in Llama it is the MLP input's (our `mlp_norm`).
+_SANDWICH_NAMES: dict[str, tuple[str, bool]] = {
+    **_LAYER_NAMES,
+    "post_attn_norm": ("post_attention_layernorm.weight", False),
+    "mlp_norm": ("pre_feedforward_layernorm.weight", False),
+    "post_mlp_norm": ("post_feedforward_layernorm.weight", False),
 }
 # Our top-level param name -> (HF name, stored transposed?).
 _TOP_NAMES: dict[str, tuple[str, bool]] = {
@@ -66,11 +79,12 @@ _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 _TIED_HEAD = "lm_head.weight"
 
 
-def _hf_names(path: str, num_layers: int) -> tuple[list[str], bool]:
+def _hf_names(path: str, cfg: ModelConfig) -> tuple[list[str], bool]:
     """HF tensor names making up our param `path` (one per layer for stacked ones)."""
     if path.startswith("layers."):
-        name, transposed = _LAYER_NAMES[path.removeprefix("layers.")]
-        return [f"model.layers.{i}.{name}" for i in range(num_layers)], transposed
+        table = _SANDWICH_NAMES if cfg.family.sandwich_norms else _LAYER_NAMES
+        name, transposed = table[path.removeprefix("layers.")]
+        return [f"model.layers.{i}.{name}" for i in range(cfg.num_layers)], transposed
     name, transposed = _TOP_NAMES[path]
     return [name], transposed
 
@@ -184,6 +198,27 @@ class _SafetensorsReader:
         return raw.view(ml_dtypes.bfloat16).reshape(info["shape"])
 
 
+def _tower_names(hf_dict: dict[str, Any], stored: set[str]
+                 ) -> tuple[Any, tuple[str, ...]]:
+    """(our HF name -> the checkpoint's name, prefixes of tensors to skip): the identity and
+    nothing for a text model; for a multimodal checkpoint (`TEXT_TOWERS`), its text tower's names
+    in whichever known layout holds the embedding, and its other towers skipped."""
+    tower = TEXT_TOWERS.get(hf_dict.get("model_type"))
+    if tower is None:
+        return (lambda n: n), ()
+    layout = next((pairs for pairs in tower.layouts
+                   if _swap_prefix("model.embed_tokens.weight", pairs) in stored),
+                  tower.layouts[0])
+    return (lambda n: _swap_prefix(n, layout)), tower.skipped
+
+
+def _swap_prefix(name: str, pairs: tuple[tuple[str, str], ...]) -> str:
+    for ours, theirs in pairs:
+        if name.startswith(ours):
+            return theirs + name.removeprefix(ours)
+    return name
+
+
 def from_pretrained(
     path: str | os.PathLike,
     *,
@@ -191,11 +226,12 @@ def from_pretrained(
     param_dtype: str | None = None,
     mesh: Mesh | None = None,
 ) -> tuple[Transformer, ModelConfig]:
-    """Loads an HF Llama / Qwen2 checkpoint directory into our `Transformer`.
+    """Loads an HF checkpoint directory (any family in `models/families.py`) into our
+    `Transformer`.
 
     Args:
       path: directory with `config.json` and `model.safetensors` or a sharded
-        `model.safetensors.index.json`.
+        `model.safetensors.index.json`; a multimodal one (Gemma 3) gives its text decoder.
       dtype: compute dtype ("float32" / "bfloat16").
       param_dtype: storage dtype of the params (default float32); tensors are cast to it on
         the host before they are placed.
@@ -232,10 +268,13 @@ def from_pretrained(
 
     with contextlib.ExitStack() as stack:
         reader = _SafetensorsReader(path, stack)
+        rename, skipped = _tower_names(hf_dict, set(reader.file_of))
+        tied_name = rename(_TIED_HEAD)
         # Pass 1, headers only: every name present with the right shape, nothing unexpected.
         plan: dict[str, tuple[list[str], bool]] = {}
         for p, sds in abstract_params.items():
-            names, transposed = _hf_names(p, cfg.num_layers)
+            names, transposed = _hf_names(p, cfg)
+            names = [rename(n) for n in names]
             plan[p] = names, transposed
             want = tuple(sds.shape[1:] if p.startswith("layers.") else sds.shape)
             want = want[::-1] if transposed else want
@@ -246,10 +285,10 @@ def from_pretrained(
                                          f"{list(got)}, expected {list(want)} from the config")
         expected = {n for names, _ in plan.values() for n in names}
         extra = sorted(n for n in set(reader.file_of) - expected
-                       if not n.endswith(_HARMLESS_SUFFIXES))
-        tied_head = cfg.tie_word_embeddings and _TIED_HEAD in extra
+                       if not n.endswith(_HARMLESS_SUFFIXES) and not n.startswith(skipped))
+        tied_head = cfg.tie_word_embeddings and tied_name in extra
         if tied_head:
-            extra.remove(_TIED_HEAD)  # checked against the embedding below
+            extra.remove(tied_name)  # checked against the embedding below
         if extra:
             shown = ", ".join(repr(n) for n in extra[:8])
             more = f" (+{len(extra) - 8} more)" if len(extra) > 8 else ""
@@ -269,9 +308,9 @@ def from_pretrained(
             del value
 
         embed = np.asarray(values["embed"])
-        if tied_head and not np.array_equal(reader.get(_TIED_HEAD).astype(embed.dtype), embed):
+        if tied_head and not np.array_equal(reader.get(tied_name).astype(embed.dtype), embed):
             # Some tied checkpoints still store the head; fine only if it *is* the embedding.
-            raise ValueError(f"tensor '{_TIED_HEAD}' in {reader.where(_TIED_HEAD)} differs from "
+            raise ValueError(f"tensor '{tied_name}' in {reader.where(tied_name)} differs from "
                              "the embedding but config has tie_word_embeddings=true")
 
     nnx.replace_by_pure_dict(state, _unflatten(values))
@@ -303,7 +342,7 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *, tokenizer: A
     # LoRA adapters are merged into their weights (W + alpha/r * A @ B): a plain HF model.
     pure["layers"] = merge_lora(pure["layers"], lora_scale(cfg))
     for p, x in _flatten(pure):
-        names, transposed = _hf_names(p, cfg.num_layers)
+        names, transposed = _hf_names(p, cfg)
         arr = _to_host(x)
         parts = list(arr) if p.startswith("layers.") else [arr]
         for n, t in zip(names, parts, strict=True):

@@ -1,4 +1,8 @@
-"""Llama / Qwen2 decoder in flax.nnx.
+"""The decoder of every family (Llama, Qwen2, Qwen3, Gemma 3 text) in flax.nnx.
+
+Families differ by flags (`models/families.py`: q/k norms, Gemma's four norms and (1 + w) scale,
+scaled embeddings) and by config numbers (GeGLU, attention scale, softcaps, sliding-window layers
+with their own RoPE base); one block function serves them all.
 
 Layer weights are stacked along a leading `layers` axis and the blocks run under `jax.lax.scan`,
 so compile time does not grow with depth (a 24-layer model compiles like a 1-layer one) — the
@@ -36,7 +40,7 @@ from flax import nnx
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.lora import add_lora, dense, lora_scale
 from sagc_jax.models.precision import matmul
-from sagc_jax.models.rope import apply_rope, inv_frequencies
+from sagc_jax.models.rope import apply_rope, layer_inv_frequencies
 
 _NEG_INF = -1e30  # finite, so fully masked (padding) query rows give uniform weights, not NaN
 
@@ -62,51 +66,86 @@ def init_cache(cfg: ModelConfig, batch: int, slots: int) -> KVCache:
     return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """HF RMSNorm: normalise in float32, cast back, then scale."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, plus_one: bool = False) -> jax.Array:
+    """HF RMSNorm over the last axis: x [..., H], weight [H] -> [..., H] in x's dtype.
+
+    Llama: normalise in float32, cast back, then scale by w. Gemma (`plus_one`): scale by
+    (1 + w) in float32, then cast (Gemma3RMSNorm's order; it differs in bf16).
+    """
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if plus_one:
+        return (y * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
     return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+def norm(cfg: ModelConfig, x: jax.Array, weight: jax.Array) -> jax.Array:
+    """The family's RMSNorm (`rms_norm`) with the config's epsilon; shapes as `rms_norm`."""
+    return rms_norm(x, weight, cfg.rms_norm_eps, cfg.family.norm_plus_one)
+
+
+def embed_tokens(cfg: ModelConfig, table: jax.Array, ids: jax.Array) -> jax.Array:
+    """ids [N] int -> embeddings [N, H] in the compute dtype; Gemma scales them by sqrt(H),
+    the scale rounded to the compute dtype first as HF does."""
+    dt = jnp.dtype(cfg.dtype)
+    x = jnp.take(table, ids, axis=0).astype(dt)
+    if cfg.family.embed_scale:
+        x = x * jnp.asarray(cfg.hidden_size ** 0.5, dt)
+    return x
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+    """cap * tanh(x / cap) (any shape); identity when cap is None."""
+    return x if cap is None else jnp.tanh(x / cap) * cap
 
 
 
 def project_qkv(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positions: jax.Array,
                 inv_freq: np.ndarray, B: int, T: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer's attention input: x [B*T, H] -> q [B, T, N, D] (roped), k [B, K, T, D] (roped),
-    v [B, K, T, D] — keys/values already in the cache's heads-before-slots layout.
+    v [B, K, T, D] — keys/values already in the cache's heads-before-slots layout. `inv_freq`
+    [D/2] is this layer's RoPE (a traced row of `layer_inv_frequencies` inside the scan).
     LoRA adapters in `p` (`*_lora_a` / `*_lora_b`) are applied unmerged (`lora.dense`).
 
     Activations stay 2-D [B*T, H] around the dense layers: XLA:CPU's backward for
     [B, T, H] @ [H, O] (two batch dims contracted for the weight grad) is ~2x slower.
     """
     n, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    h = norm(cfg, x, p["attn_norm"])
     s, md = lora_scale(cfg), cfg.matmul_dtype
     q, k, v = (dense(h, p, name, s, md) for name in ("q_proj", "k_proj", "v_proj"))
     if cfg.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
-    q = apply_rope(q.reshape(B, T, n, d), positions, inv_freq)
-    k = apply_rope(k.reshape(B, T, kv, d), positions, inv_freq).transpose(0, 2, 1, 3)
+    q, k = q.reshape(B, T, n, d), k.reshape(B, T, kv, d)
+    if cfg.family.qk_norm:  # Qwen3 / Gemma 3: per-head RMSNorm over head_dim, before RoPE
+        q, k = norm(cfg, q, p["q_norm"]), norm(cfg, k, p["k_norm"])
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq).transpose(0, 2, 1, 3)
     v = v.reshape(B, T, kv, d).transpose(0, 2, 1, 3)
     return q, k, v
 
 
 def block_tail(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array,
                attn: jax.Array) -> jax.Array:
-    """Rest of a decoder block: x [B*T, H] residual, attn [B*T, N*D] -> x [B*T, H]."""
+    """Rest of a decoder block: x [B*T, H] residual, attn [B*T, N*D] -> x [B*T, H].
+    Gemma (`sandwich_norms`) also normalises the attention and MLP outputs before each residual
+    add; its GeGLU uses tanh-GELU where Llama's SwiGLU uses SiLU."""
     s, md = lora_scale(cfg), cfg.matmul_dtype
+    sandwich = cfg.family.sandwich_norms
     attn = dense(attn, p, "o_proj", s, md)
     if cfg.o_bias:
         attn = attn + p["o_bias"]
-    x = x + attn
-    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    x = x + (norm(cfg, attn, p["post_attn_norm"]) if sandwich else attn)
+    h = norm(cfg, x, p["mlp_norm"])
     gate, up = dense(h, p, "gate_proj", s, md), dense(h, p, "up_proj", s, md)
     if cfg.mlp_bias:
         gate, up = gate + p["gate_bias"], up + p["up_bias"]
-    mlp = dense(jax.nn.silu(gate) * up, p, "down_proj", s, md)
+    act = (jax.nn.silu(gate) if cfg.hidden_act == "silu"
+           else jax.nn.gelu(gate, approximate=True))
+    mlp = dense(act * up, p, "down_proj", s, md)
     if cfg.mlp_bias:
         mlp = mlp + p["down_bias"]
-    return x + mlp
+    return x + (norm(cfg, mlp, p["post_mlp_norm"]) if sandwich else mlp)
 
 
 class DecoderLayers(nnx.Module):
@@ -126,10 +165,18 @@ class DecoderLayers(nnx.Module):
         def zeros(*shape: int) -> nnx.Param:
             return nnx.Param(jnp.zeros((L, *shape), pdt))
 
-        self.attn_norm = nnx.Param(jnp.ones((L, H), pdt))
+        def unit(*shape: int) -> nnx.Param:  # a norm's identity scale: 1, or 0 under (1 + w)
+            return zeros(*shape) if cfg.family.norm_plus_one else nnx.Param(
+                jnp.ones((L, *shape), pdt))
+
+        self.attn_norm = unit(H)
         self.q_proj, self.k_proj = w(H, qd), w(H, kvd)
         self.v_proj, self.o_proj = w(H, kvd), w(qd, H)
-        self.mlp_norm = nnx.Param(jnp.ones((L, H), pdt))
+        self.mlp_norm = unit(H)
+        if cfg.family.qk_norm:
+            self.q_norm, self.k_norm = unit(cfg.head_dim), unit(cfg.head_dim)
+        if cfg.family.sandwich_norms:
+            self.post_attn_norm, self.post_mlp_norm = unit(H), unit(H)
         self.gate_proj, self.up_proj, self.down_proj = w(H, I), w(H, I), w(I, H)
         if cfg.qkv_bias:
             self.q_bias, self.k_bias, self.v_bias = zeros(qd), zeros(kvd), zeros(kvd)
@@ -139,30 +186,35 @@ class DecoderLayers(nnx.Module):
             self.gate_bias, self.up_bias, self.down_bias = zeros(I), zeros(I), zeros(H)
 
 
-def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+               scale: float | None = None, cap: float | None = None) -> jax.Array:
     """Grouped-query attention.
 
     q [B, T, N, D], k/v [B, K, S, D], mask [B, T, S] bool -> [B, T, N*D].
-    Scores and softmax in float32; N = K * R query heads share each kv head.
+    Scores (times `scale`, default D ** -0.5, then softcapped by `cap`) and softmax in
+    float32; N = K * R query heads share each kv head.
     """
     B, T, N, D = q.shape
     K = k.shape[1]
     q = q.reshape(B, T, K, N // K, D)
     scores = jnp.einsum("btkrd,bksd->bkrts", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * (D ** -0.5), _NEG_INF)
+    scores = softcap(scores * (D ** -0.5 if scale is None else scale), cap)
+    scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkrts,bksd->btkrd", probs, v)
     return out.reshape(B, T, N * D)
 
 
 def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                    implementation: str | None = "cudnn") -> jax.Array:
-    """`_attention`'s contract through `jax.nn.dot_product_attention` (`implementation` 'cudnn':
-    cuDNN's fused kernel, the [T, S] scores never written to memory; 'xla' runs the same
-    layout on any backend, which is how the CPU tests check it)."""
+                    implementation: str | None = "cudnn", scale: float | None = None,
+                    ) -> jax.Array:
+    """`_attention`'s contract (no softcap) through `jax.nn.dot_product_attention`
+    (`implementation` 'cudnn': cuDNN's fused kernel, the [T, S] scores never written to memory;
+    'xla' runs the same layout on any backend, which is how the CPU tests check it)."""
     B, T, N, D = q.shape
     out = jax.nn.dot_product_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2),
-                                       mask=mask[:, None], implementation=implementation)
+                                       mask=mask[:, None], scale=scale,
+                                       implementation=implementation)
     return out.reshape(B, T, N * D)
 
 
@@ -197,15 +249,23 @@ def _segment_mask(segment_ids: jax.Array, branch_ids: jax.Array | None,
     return mask
 
 
+def window_mask(q_pos: jax.Array, k_pos: jax.Array, window: int) -> jax.Array:
+    """Sliding-window visibility: q_pos [..., T, 1], k_pos [..., 1, S] -> [..., T, S] bool, True
+    where the key is among the last `window` positions up to the query (HF's `kv > q - W`).
+    Causality and padding are the caller's mask; this only cuts the far past."""
+    return q_pos - k_pos < window
+
+
 class Transformer(nnx.Module):
-    """Decoder-only LM for model_type llama and qwen2 (they differ only in config flags)."""
+    """Decoder-only LM for every family in `models/families.py` (they differ in config flags)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         normal, pdt = nnx.initializers.normal(0.02), jnp.dtype(cfg.param_dtype)
         self.embed = nnx.Param(normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size), pdt))
         self.layers = DecoderLayers(cfg, rngs)
-        self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), pdt))
+        self.final_norm = nnx.Param((jnp.zeros if cfg.family.norm_plus_one else jnp.ones)(
+            (cfg.hidden_size,), pdt))
         if not cfg.tie_word_embeddings:
             self.lm_head = nnx.Param(normal(rngs.params(), (cfg.hidden_size, cfg.vocab_size),
                                             pdt))
@@ -248,12 +308,25 @@ class Transformer(nnx.Module):
         mask = (jnp.arange(S)[None, None, :] <= q_slots[None, :, None]) & kv_mask[:, None, :]
         if segment_ids is not None:
             mask = mask & _segment_mask(segment_ids, branch_ids, cache)
+        sliding = np.asarray(cfg.sliding_layers)
+        local_mask = mask
+        if sliding.any():
+            # Without a cache every key's position is known (packed rows restart positions, and a
+            # branch's prompt is nearer in positions than in slots); a cache's keys are contiguous
+            # slots of one left-padded row, so slot distance is position distance there.
+            if cache is None:
+                local_mask = mask & window_mask(positions[:, :, None], positions[:, None, :],
+                                                cfg.sliding_window)
+            else:
+                local_mask = mask & window_mask(q_slots[None, :, None],
+                                                jnp.arange(S)[None, None, :], cfg.sliding_window)
 
         # The fused kernel only on the packed path (the one measured on a GPU; its rows are never
-        # fully masked, unlike a left-padded prompt's padding slots).
-        fused = segment_ids is not None and attention_impl(cfg.dtype, cfg.head_dim) == "cudnn"
-        inv_freq = inv_frequencies(cfg)
-        x = jnp.take(self.embed[...], input_ids.reshape(-1), axis=0).astype(dt)  # [B*T, H]
+        # fully masked, unlike a left-padded prompt's padding slots); it has no softcap.
+        fused = (segment_ids is not None and cfg.attn_logit_softcapping is None
+                 and attention_impl(cfg.dtype, cfg.head_dim) == "cudnn")
+        inv_freqs = jnp.asarray(layer_inv_frequencies(cfg))  # [L, D/2]
+        x = embed_tokens(cfg, self.embed[...], input_ids.reshape(-1))  # [B*T, H]
         if rows_sharding is not None:
             x = jax.lax.with_sharding_constraint(x, rows_sharding)
         params = {k: v.astype(dt) for k, v in nnx.to_pure_dict(nnx.state(self.layers)).items()}
@@ -261,7 +334,7 @@ class Transformer(nnx.Module):
 
         def block(carry, layer):
             x, cache = carry
-            p, idx = layer
+            p, idx, inv_freq, is_local = layer
             q, k, v = project_qkv(cfg, p, x, positions, inv_freq, B, T)
             new_kv = (k, v)
             if cache is not None:
@@ -270,24 +343,29 @@ class Transformer(nnx.Module):
                 cache = KVCache(jax.lax.dynamic_update_slice(cache.k, k[None], start),
                                 jax.lax.dynamic_update_slice(cache.v, v[None], start))
                 k, v = cache.k[idx], cache.v[idx]
-            attend = fused_attention if fused else _attention
-            attn = attend(q, k, v, mask).reshape(B * T, n * d)
+            m = jnp.where(is_local, local_mask, mask) if sliding.any() else mask
+            if fused:
+                attn = fused_attention(q, k, v, m, scale=cfg.attn_scale)
+            else:
+                attn = _attention(q, k, v, m, cfg.attn_scale, cfg.attn_logit_softcapping)
+            attn = attn.reshape(B * T, n * d)
             return (block_tail(cfg, p, x, attn), cache), (new_kv if return_kv else None)
 
         if cfg.remat:
             block = jax.checkpoint(block)
         (x, cache), kv = jax.lax.scan(block, (x, cache),
-                                      (params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+                                      (params, jnp.arange(cfg.num_layers, dtype=jnp.int32),
+                                       inv_freqs, jnp.asarray(sliding)))
         if last_only:  # prefill needs one position: skip the [B, T, V] logits
             x, T = x.reshape(B, T, -1)[:, -1], 1
         elif logits_at is not None:
             x = jnp.take_along_axis(x.reshape(B, T, -1), logits_at[..., None], axis=1)
             x, T = x.reshape(-1, x.shape[-1]), logits_at.shape[1]
-        x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        x = norm(cfg, x, self.final_norm[...])
         tied = cfg.tie_word_embeddings
         head = (self.embed if tied else self.lm_head)[...].astype(dt)
         logits = matmul(x, head, cfg.matmul_dtype or dt, w_t=tied, out_dtype="float32")
-        logits = logits.reshape(B, T, cfg.vocab_size)
+        logits = softcap(logits, cfg.final_logit_softcapping).reshape(B, T, cfg.vocab_size)
         if return_kv:
             return logits, kv
         return logits if cache is None else (logits, cache)

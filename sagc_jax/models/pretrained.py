@@ -8,7 +8,8 @@ import os
 from jax.sharding import Mesh
 
 from sagc_jax.models import gguf, hf
-from sagc_jax.models.config import ModelConfig, ModelConfigError, from_hf_dict
+from sagc_jax.models.config import ModelConfig, ModelConfigError
+from sagc_jax.models.hf_config import from_hf_dict
 from sagc_jax.models.llama import Transformer
 
 __all__ = ["from_pretrained", "pretrained_config"]

@@ -1,4 +1,5 @@
-"""Rotary position embeddings: default, `linear` and `llama3` frequency scalings (HF semantics)."""
+"""Rotary position embeddings: default, `linear` and `llama3` frequency scalings (HF semantics),
+and Gemma 3's separate base for sliding-window layers."""
 
 from __future__ import annotations
 
@@ -10,10 +11,25 @@ import numpy as np
 from sagc_jax.models.config import ModelConfig
 
 
+def _default_inv(theta: float, dim: int) -> np.ndarray:
+    return 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+
+
+def layer_inv_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """Per-layer inverse frequencies [num_layers, head_dim // 2] float32: sliding layers use
+    default RoPE at `rope_local_theta` (Gemma 3's local base), the others `inv_frequencies`.
+    Stacked so the layer scan reads each layer's row alongside its weights."""
+    glob = inv_frequencies(cfg)
+    local = (glob if cfg.rope_local_theta is None
+             else _default_inv(cfg.rope_local_theta, cfg.head_dim).astype(np.float32))
+    return np.stack([local if s else glob for s in cfg.sliding_layers])
+
+
 def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
-    """Inverse frequencies [head_dim // 2] float32, computed on the host once per config."""
+    """Inverse frequencies [head_dim // 2] float32 of the global (full-attention) layers,
+    computed on the host once per config."""
     dim = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    inv = _default_inv(cfg.rope_theta, dim)
     p = cfg.rope_params
     if cfg.rope_type == "linear":
         inv = inv / float(p["factor"])

@@ -465,7 +465,7 @@ class Sampler:
         kv_mask = jnp.arange(lp)[None] >= pad[:, None]
         logits, (k, v) = model(ids, positions=positions, kv_mask=kv_mask, last_only=True,
                                return_kv=True)
-        prefix = prefix_from_prefill(k, v)
+        prefix = prefix_from_prefill(k, v, self.cfg)  # sliding layers: the window's tail only
         prefix = PrefixKV(*(tuple(self._constrain(x, 0) for x in part) for part in prefix))
         return prefix, self._constrain(logits[:, -1], 0)
 
