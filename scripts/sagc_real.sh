@@ -6,6 +6,7 @@
 #   bash scripts/sagc_real.sh            # train (resumes: finished runs are skipped, a partial
 #                                        # one continues from its newest checkpoint)
 #   COLLECT=1 bash scripts/sagc_real.sh  # copy finished runs' raw files to docs/results/sagc_real/
+#                                        # (the training loop also does it after every run)
 #
 # Hours of CPU per mix (about 20-60 min a run on 2 cores, more under load); run at `nice` so a
 # shared machine stays usable: the `model` clock does not depend on the load, and every step
@@ -19,20 +20,33 @@ POLICIES=${POLICIES:-static-4,static-8,static-16}
 SEEDS=${SEEDS:-0,1,2}
 common=(model.path="$GGUF" run.steps=48 checkpoint.every=8 checkpoint.keep=7 run.progress=false)
 
+collect() {  # collect RUN_DIR DEST: a finished run's raw files (evals included) into the repo
+  local run=$1 dest=$2
+  [[ -d $run/checkpoints/48 ]] || return 0
+  mkdir -p "$dest"
+  for f in config.yaml metrics.jsonl trace.jsonl eval.json compare_timing.json; do
+    [[ -f $run/$f ]] && cp "$run/$f" "$dest/"
+  done
+  echo "collected $dest"
+}
+
 for mix in $MIXES; do
   name=${mix%%=*} cfg=${mix#*=}
   if [[ ${COLLECT:-0} == 1 ]]; then
     for run in "$OUT/$name"/*-s*; do
-      [[ -d $run/checkpoints/48 ]] || continue  # finished runs only
-      dest=docs/results/sagc_real/$name/$(basename "$run")
-      mkdir -p "$dest"
-      for f in config.yaml metrics.jsonl trace.jsonl eval.json compare_timing.json; do
-        [[ -f $run/$f ]] && cp "$run/$f" "$dest/"
-      done
-      echo "collected $dest"
+      collect "$run" "docs/results/sagc_real/$name/$(basename "$run")"
     done
     continue
   fi
+  # One run at a time, each evaluated at every checkpoint (--curves) and collected as soon as
+  # it is done: a session that stops mid-way loses at most the run in progress.
+  for seed in ${SEEDS//,/ }; do
+    for pol in ${POLICIES//,/ }; do
+      nice -n "${NICE:-19}" sagc-jax compare --config "$cfg" --out-dir "$OUT/$name" \
+        --seeds "$seed" --policies "$pol" --curves "${common[@]}"
+      collect "$OUT/$name/$pol-s$seed" "docs/results/sagc_real/$name/$pol-s$seed"
+    done
+  done
   nice -n "${NICE:-19}" sagc-jax compare --config "$cfg" --out-dir "$OUT/$name" --seeds "$SEEDS" \
-    --policies "$POLICIES" "${common[@]}"
+    --policies "$POLICIES" --summarize-only --curves "${common[@]}"
 done
