@@ -214,7 +214,9 @@ def test_malformed_dataset_row_names_file_and_line(tmp_path, capsys):
 
 def test_too_long_prompt_and_bad_reward_are_refused_before_step_1(tmp_path, capsys):
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "answer": "2"}) + "\n"
+    # A `solution` column too: the warm start's column check (data/columns.py) passes, so the
+    # refusal is the long prompt's.
+    data.write_text("".join(json.dumps({"prompt": p, "answer": "2", "solution": "#### 2"}) + "\n"
                             for p in ("1+1=", "1+" * 20 + "1=", "2+2=")))
     code = main(["train", *TINY, f"run.dir={tmp_path / 'run'}", "run.steps=1", "data.task=null",
                  f"data.train_file={data}"])
