@@ -154,7 +154,8 @@ def test_math_verify_latex_and_numbers():
                                                     r" these settings: min_terms must be "
                                                     r"positive"),
     ({"datasets": {"chain_sum": {"seed": 3}}}, r"datasets\.chain_sum\.seed: set by the task"),
-    ({"datasets": {"chain_sum": {"weight": -1}}}, r"chain_sum\.weight: must be a number > 0"),
+    ({"datasets": {"chain_sum": {"weight": -1}}},
+     r"chain_sum\.weight: must be a finite number > 0"),
     ({"datasets": [{"name": "leg_counting", "config": {"max_animal": 2}}]},
      r"leg_counting\.max_animal' \(did you mean '.*max_animals'\?\)"),
     ({"datasets": {"chain_sum": {}}, "system_prompt": "defualt"},

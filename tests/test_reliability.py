@@ -20,7 +20,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from reliability import fuzz_ckpt, fuzz_config, fuzz_data, fuzz_models  # noqa: E402
+from reliability import (  # noqa: E402
+    fuzz_ckpt,
+    fuzz_config,
+    fuzz_data,
+    fuzz_models,
+    fuzz_tasks,
+)
 
 from sagc_jax import checkpoint as ckpt  # noqa: E402
 from sagc_jax.cli import main  # noqa: E402
@@ -141,6 +147,23 @@ def test_damaged_and_foreign_model_files_are_refused_naming_file_and_tensor():
                                                         "st_missing_tensor"))
     assert res.failures == [], res.failures
     assert [r["cli_exit"] for r in res.records] == [2, 2]
+
+
+def test_impossible_task_options_are_refused_naming_the_key(tmp_path):
+    """The short task-option harness: every kind (unknown or misconfigured reasoning-gym
+    datasets, weights, system prompts, empty dataset maps, prompts longer than every bucket,
+    built-in task options) refused in one line naming a data. / sampling. key, exit 2. Before
+    it, an infinite weight and an unknown task name exited 1."""
+    res = fuzz_tasks.run_task_fuzz(2, seed=7, work=tmp_path)
+    assert res.failures == [], res.failures[:3]
+    assert res.tried == 2 * len(fuzz_tasks.KINDS)
+    assert {r["exit_code"] for r in res.records} == {2}
+    out = fuzz_tasks.check_one(["data.task=arith9"], tmp_path / "x")
+    assert out[0] == "refused, one line naming the key" and out[2].startswith("data.task:")
+    out = fuzz_tasks.check_one(["data.task=reasoning_gym", "init.sft_steps=0",
+                                "data.task_options={datasets: {chain_sum: {weight: .inf}}}"],
+                               tmp_path / "y")
+    assert "chain_sum.weight: must be a finite number > 0" in out[2]
 
 
 def test_model_config_field_types_are_checked_by_name():

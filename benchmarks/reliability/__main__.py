@@ -21,10 +21,12 @@ from reliability.fuzz_config import run_config_fuzz
 from reliability.fuzz_data import run_data_fuzz
 from reliability.fuzz_models import KINDS as MODEL_KINDS
 from reliability.fuzz_models import run_model_fuzz
+from reliability.fuzz_tasks import KINDS as TASK_KINDS
+from reliability.fuzz_tasks import run_task_fuzz
 from reliability.kills import run_kills
 from reliability.rewards_e2e import run_reward_cases
 
-PARTS = ("config", "data", "ckpt", "models", "rewards", "kills")
+PARTS = ("config", "data", "ckpt", "models", "tasks", "rewards", "kills")
 
 
 def _show(name: str, tried: int, outcomes: dict, failures: list, seconds: float) -> None:
@@ -45,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"damaged / foreign model files per kind ({len(MODEL_KINDS)} kinds)")
     p.add_argument("--model-record", help="write the model-file cases' per-case record (JSON "
                    "lines) here (docs/results/reliability_models.jsonl)")
+    p.add_argument("--task-cases", type=int, default=10,
+                   help=f"impossible task options per kind ({len(TASK_KINDS)} kinds)")
+    p.add_argument("--task-record", help="write the task cases' per-case record (JSON lines) "
+                   "here (docs/results/reliability_tasks.jsonl)")
     p.add_argument("--kills", type=int, default=24, help="kill -9 moments (at least)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", action="append", choices=PARTS, help="run only these parts")
@@ -94,6 +100,17 @@ def main(argv: list[str] | None = None) -> int:
         totals["failures"] += len(r.failures)
         totals["tracebacks"] += sum(f[2].startswith("wrong error") for f in r.failures)
         totals["silent"] += sum("changed" in f[2] for f in r.failures)
+    if "tasks" in parts:
+        t0 = time.time()
+        r = run_task_fuzz(args.task_cases, args.seed, work / "tasks")
+        _show("task options that cannot work (unknown / misconfigured reasoning-gym datasets, "
+              "weights, system prompts; prompts longer than every bucket; built-in task "
+              "options)", r.tried, r.outcomes, r.failures, time.time() - t0)
+        if args.task_record:
+            with open(args.task_record, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(rec) + "\n" for rec in r.records)
+        totals["failures"] += len(r.failures)
+        totals["tracebacks"] += sum(f[3].split(":")[0].endswith("Error") for f in r.failures)
     if "rewards" in parts:
         t0 = time.time()
         r = run_reward_cases(work / "rewards", root=work)

@@ -182,8 +182,9 @@ def _dataset_choice(name: str, settings: Any) -> DatasetChoice:
                           f"options), got {settings!r}")
     settings = dict(settings)
     weight = settings.pop("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-        raise ConfigError(f"{where}.weight: must be a number > 0, got {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+            0 < weight < float("inf")):
+        raise ConfigError(f"{where}.weight: must be a finite number > 0, got {weight!r}")
     fields = [f.name for f in dataclasses.fields(DATASETS[name][1])]
     for key in settings:
         if key in _MANAGED:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sagc_jax.config.errors import ConfigError
 from sagc_jax.data.arith import (
     ArithSource,
     arith_example,
@@ -57,11 +58,13 @@ def get_task(name: str, **options: Any) -> Task:
     """Look up a built-in task by name; ``options`` go to its factory (e.g. ``max_steps=8``).
 
     Raises:
-      ValueError: unknown name (the message lists the built-in tasks) or bad options.
+      ConfigError (a ValueError) naming ``data.task``: unknown name (the message lists the
+        built-in tasks) or bad options — bad input, exit 2 in the CLI.
     """
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(sorted(TASKS))}")
+        raise ConfigError(f"data.task: unknown task {name!r}; built-in tasks: "
+                          f"{', '.join(sorted(TASKS))}")
     try:
         return TASKS[name](**options)
     except TypeError as exc:
-        raise ValueError(f"bad options for task {name!r}: {exc}") from exc
+        raise ConfigError(f"data.task: bad options for task {name!r}: {exc}") from exc

@@ -147,6 +147,30 @@ def _eval_set(cfg: Config, plan: ShapePlan, examples: list[dict[str, Any]] | Non
     return EvalSet(examples, sampler)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunInputs:
+    """What a run reads before it builds a model: all checked by `check_inputs`."""
+
+    tokenizer: Any
+    reward_fns: list[RewardFn]
+    train_examples: Any
+    eval_examples: list[dict[str, Any]] | None
+
+
+def check_inputs(cfg: Config, hosts: Hosts | None = None) -> RunInputs:
+    """The input checks, before the model is built or anything compiled: tokenizer vs model
+    file, reward names, the columns the warm start and rewards read, the task's options, every
+    prompt's length. Raises the CLI's exit-2 errors (one line naming key, file or row)."""
+    hosts = hosts or Hosts.current()
+    tokenizer = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)
+    reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
+    train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed,
+                                   required=required_columns(cfg, reward_fns, "train"))
+    _check_lengths(cfg, train_examples, tokenizer, "train")
+    return RunInputs(tokenizer, reward_fns, train_examples,
+                     _eval_examples(cfg, hosts, tokenizer, reward_fns))
+
+
 def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     """Builds mesh, tokenizer, model, state, learner, samplers, data and writers from `cfg`.
 
@@ -162,14 +186,9 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     errors, _ = plan.problems()
     if errors:
         raise ConfigError(errors[0])
-    # Input checks first, before the model is built or anything compiled: tokenizer vs model,
-    # reward names, the columns the warm start and rewards read, every prompt's length.
-    tokenizer = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)
-    reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
-    train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed,
-                                   required=required_columns(cfg, reward_fns, "train"))
-    _check_lengths(cfg, train_examples, tokenizer, "train")
-    eval_examples = _eval_examples(cfg, hosts, tokenizer, reward_fns)
+    inputs = check_inputs(cfg, hosts)
+    tokenizer, reward_fns = inputs.tokenizer, inputs.reward_fns
+    train_examples, eval_examples = inputs.train_examples, inputs.eval_examples
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     eos = stop_ids(tokenizer)
     run_dir = Path(cfg.run.dir)
