@@ -25,6 +25,7 @@ from reliability import (  # noqa: E402
     fuzz_config,
     fuzz_data,
     fuzz_models,
+    fuzz_resume,
     fuzz_tasks,
 )
 
@@ -164,6 +165,19 @@ def test_impossible_task_options_are_refused_naming_the_key(tmp_path):
                                 "data.task_options={datasets: {chain_sum: {weight: .inf}}}"],
                                tmp_path / "y")
     assert "chain_sum.weight: must be a finite number > 0" in out[2]
+
+
+def test_resume_with_a_changed_config_is_refused_or_resumed(tmp_path):
+    """The short resume harness: LoRA switched on and other rungs of the same count are refused
+    in one line naming the key, the run dir untouched (before issue 50's harness: exit 1, the
+    checkpoint reported as unreadable; the same-count rungs resumed silently); a new learning
+    rate resumes to the next step."""
+    cases = (("model.lora={rank: 4, alpha: 8.0}", True), ("sagc.group_sizes=[4,8]", True),
+             ("optim.lr=3e-4", False))
+    res = fuzz_resume.run_resume_fuzz(tmp_path, cases)
+    assert res.failures == [], res.failures
+    assert [r["exit_code"] for r in res.records] == [2, 2, 0]
+    assert res.records[1]["line"].startswith("sagc-jax train: error: sagc.group_sizes: ")
 
 
 def test_model_config_field_types_are_checked_by_name():

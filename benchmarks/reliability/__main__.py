@@ -21,12 +21,13 @@ from reliability.fuzz_config import run_config_fuzz
 from reliability.fuzz_data import run_data_fuzz
 from reliability.fuzz_models import KINDS as MODEL_KINDS
 from reliability.fuzz_models import run_model_fuzz
+from reliability.fuzz_resume import run_resume_fuzz
 from reliability.fuzz_tasks import KINDS as TASK_KINDS
 from reliability.fuzz_tasks import run_task_fuzz
 from reliability.kills import run_kills
 from reliability.rewards_e2e import run_reward_cases
 
-PARTS = ("config", "data", "ckpt", "models", "tasks", "rewards", "kills")
+PARTS = ("config", "data", "ckpt", "models", "tasks", "resume", "rewards", "kills")
 
 
 def _show(name: str, tried: int, outcomes: dict, failures: list, seconds: float) -> None:
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"impossible task options per kind ({len(TASK_KINDS)} kinds)")
     p.add_argument("--task-record", help="write the task cases' per-case record (JSON lines) "
                    "here (docs/results/reliability_tasks.jsonl)")
+    p.add_argument("--resume-record", help="write the changed-config resume cases' per-case "
+                   "record (JSON lines) here (docs/results/reliability_resume.jsonl)")
     p.add_argument("--kills", type=int, default=24, help="kill -9 moments (at least)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", action="append", choices=PARTS, help="run only these parts")
@@ -111,6 +114,17 @@ def main(argv: list[str] | None = None) -> int:
                 f.writelines(json.dumps(rec) + "\n" for rec in r.records)
         totals["failures"] += len(r.failures)
         totals["tracebacks"] += sum(f[3].split(":")[0].endswith("Error") for f in r.failures)
+    if "resume" in parts:
+        t0 = time.time()
+        r = run_resume_fuzz(work / "resume")
+        _show("resume with a changed config (architecture, LoRA, dtype, rungs refused; "
+              "learning rate, budget, cadences resumed)", r.tried, r.outcomes, r.failures,
+              time.time() - t0)
+        if args.resume_record:
+            with open(args.resume_record, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(rec) + "\n" for rec in r.records)
+        totals["failures"] += len(r.failures)
+        totals["tracebacks"] += sum(f[2] == 1 for f in r.failures)
     if "rewards" in parts:
         t0 = time.time()
         r = run_reward_cases(work / "rewards", root=work)

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from sagc_jax import checkpoint as ckpt
-from sagc_jax.config import Config, config_to_dict, save_config
+from sagc_jax.config import Config, config_to_dict, load_saved_config, save_config
 from sagc_jax.data.pipeline import load_examples
 from sagc_jax.errors import TrainingError
 from sagc_jax.evaluate import greedy_accuracy
@@ -111,6 +111,33 @@ def _fresh_params(run: Run, check: Callable[[str], None]) -> str:
     return how
 
 
+# Settings a checkpoint's arrays depend on beyond the architecture (model.json checks that):
+# the adapters' shapes, the params' storage dtype, the SAGC state's rungs. Changed on resume
+# they would make every restore fail as if the files were damaged, or (rungs of the same
+# count) reinterpret the controller's per-rung statistics silently.
+_RESUME_KEYS = (("model", "lora"), ("model", "param_dtype"), ("sagc", "group_sizes"))
+
+
+def _check_resume_config(run: Run) -> None:
+    """Refuses (CheckpointMismatchError, exit 2) a resume whose config changes a `_RESUME_KEYS`
+    setting from the run's saved `config.yaml`, naming the key, before anything is restored."""
+    saved_path = run.run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    try:
+        saved = config_to_dict(load_saved_config(saved_path))
+    except ValueError:  # an unreadable or foreign saved config: the restore's own checks decide
+        return
+    now = config_to_dict(run.cfg)
+    for section, key in _RESUME_KEYS:
+        a, b = saved[section].get(key), now[section].get(key)
+        if a != b:
+            raise ckpt.CheckpointMismatchError(
+                f"{section}.{key}: the checkpoints in {run.ckpt.directory} were written with "
+                f"{a!r}, this config has {b!r}; resume with the original value or use another "
+                "run.dir")
+
+
 def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> str:
     """Resumes from the newest good checkpoint (run.resume), else initialises; says which.
 
@@ -122,6 +149,8 @@ def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> str:
     run.ckpt.check_space(run.state.params, run.state.opt_state, steps=cfg.run.steps)
     restored = None
     if mode != "never":
+        if run.ckpt.latest_step() is not None:
+            _check_resume_config(run)
         restored = run.ckpt.restore_latest(_snapshot(run, 0), run.model_cfg)
     if restored is None and mode == "required":
         raise FileNotFoundError(f"run.resume=required but no checkpoint in {run.ckpt.directory}")
