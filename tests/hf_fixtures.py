@@ -17,14 +17,18 @@ Names in `TINY_SPECS` are the supported kinds; `build_hf_dir(spec, dest)` builds
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 # Shared by every model: 2 layers, tiny vocabularies (odd sizes so a vocab-padding bug shows).
 _BASE: dict[str, Any] = dict(num_hidden_layers=2, max_position_embeddings=256,
@@ -276,3 +280,51 @@ def pipeline_greedy(model: Any, prompts: list[str], max_new_tokens: int,
     pipe = pipeline("text-generation", model=model, tokenizer=tokenizer, dtype=torch.float32)
     return [pipe(p, max_new_tokens=max_new_tokens, do_sample=False, return_full_text=False)[0]
             ["generated_text"] for p in prompts]
+
+
+# ---- our side of a parity check (tests/test_models.py, tests/test_families.py) ---------------
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, ids, positions, kv_mask):
+    return nnx.merge(graphdef, state)(ids, positions=positions, kv_mask=kv_mask)
+
+
+def forward(model, ids, positions=None, kv_mask=None) -> np.ndarray:
+    """Jitted full forward; positions / kv_mask are always passed so a config compiles once."""
+    ids = jnp.asarray(ids, jnp.int32)
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+    if kv_mask is None:
+        kv_mask = jnp.ones(ids.shape, bool)
+    graphdef, state = nnx.split(model)
+    return np.asarray(_forward(graphdef, state, ids, jnp.asarray(positions), jnp.asarray(kv_mask)))
+
+
+class Loaded:
+    """One fixture checkpoint: our model, its config, the HF reference and reference logits of
+    [batch, length] random ids (seeded by the kind's place in `specs`)."""
+
+    def __init__(self, kind: str, path: pathlib.Path, specs: dict[str, Any], batch: int,
+                 length: int):
+        from sagc_jax.models import from_pretrained
+
+        self.kind, self.path = kind, path
+        self.model, self.cfg = from_pretrained(path)
+        self.hf = load_hf(path)
+        seed = sorted(specs).index(kind)
+        self.ids = np.random.default_rng(seed).integers(0, self.cfg.vocab_size, (batch, length))
+        self.ref = hf_logits(self.hf, self.ids)
+
+
+def loaded_cache(tiny_hf_dir: Callable[[str], pathlib.Path], specs: dict[str, Any], batch: int,
+                 length: int) -> Callable[[str], Loaded]:
+    """kind -> its `Loaded`, built once (the body of the test modules' `loaded` fixtures)."""
+    cache: dict[str, Loaded] = {}
+
+    def get(kind: str) -> Loaded:
+        if kind not in cache:
+            cache[kind] = Loaded(kind, tiny_hf_dir(kind), specs, batch, length)
+        return cache[kind]
+
+    return get

@@ -10,7 +10,6 @@ windows, so local layers see a cut past. Tolerance as tests/test_models.py (1e-4
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import pathlib
 
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from hf_fixtures import FAMILY_SPECS, hf_logits, load_hf, tiny_hf_dir  # noqa: F401
+from hf_fixtures import FAMILY_SPECS, forward, hf_logits, load_hf, loaded_cache, tiny_hf_dir  # noqa: F401
 from safetensors.numpy import load_file
 
 from sagc_jax.models import Transformer, from_pretrained, init_cache, save_pretrained
@@ -52,45 +51,13 @@ EXPECTED_CFG = {
 }
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(graphdef, state, ids, positions, kv_mask):
-    return nnx.merge(graphdef, state)(ids, positions=positions, kv_mask=kv_mask)
-
-
-def forward(model: Transformer, ids, positions=None, kv_mask=None) -> np.ndarray:
-    ids = jnp.asarray(ids, jnp.int32)
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
-    if kv_mask is None:
-        kv_mask = jnp.ones(ids.shape, bool)
-    graphdef, state = nnx.split(model)
-    return np.asarray(_forward(graphdef, state, ids, jnp.asarray(positions), jnp.asarray(kv_mask)))
-
-
 def _max_diff(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
 
 
-class Loaded:
-    def __init__(self, kind: str, path: pathlib.Path):
-        self.kind, self.path = kind, path
-        self.model, self.cfg = from_pretrained(path)
-        self.hf = load_hf(path)
-        seed = sorted(FAMILY_SPECS).index(kind)
-        self.ids = np.random.default_rng(seed).integers(0, self.cfg.vocab_size, (B, T))
-        self.ref = hf_logits(self.hf, self.ids)
-
-
 @pytest.fixture(scope="module")
 def loaded(tiny_hf_dir):  # noqa: F811
-    cache: dict[str, Loaded] = {}
-
-    def get(kind: str) -> Loaded:
-        if kind not in cache:
-            cache[kind] = Loaded(kind, tiny_hf_dir(kind))
-        return cache[kind]
-
-    return get
+    return loaded_cache(tiny_hf_dir, FAMILY_SPECS, B, T)
 
 
 @pytest.mark.parametrize("kind", sorted(FAMILY_SPECS))

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hf_fixtures import TINY_SPECS, hf_logits, load_hf, tiny_hf_dir  # noqa: F401
+from hf_fixtures import TINY_SPECS, forward, hf_logits, load_hf, loaded_cache, tiny_hf_dir  # noqa: F401
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
@@ -29,49 +29,14 @@ B, T = 2, 12
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _forward(graphdef, state, ids, positions, kv_mask):
-    return nnx.merge(graphdef, state)(ids, positions=positions, kv_mask=kv_mask)
-
-
-@functools.partial(jax.jit, static_argnums=0)
 def _cached_step(graphdef, state, ids, positions, kv_mask, cache, cache_index):
     return nnx.merge(graphdef, state)(ids, positions=positions, kv_mask=kv_mask, cache=cache,
                                       cache_index=cache_index)
 
 
-def forward(model: Transformer, ids, positions=None, kv_mask=None) -> np.ndarray:
-    """Jitted full forward; positions / kv_mask are always passed so a config compiles once."""
-    ids = jnp.asarray(ids, jnp.int32)
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
-    if kv_mask is None:
-        kv_mask = jnp.ones(ids.shape, bool)
-    graphdef, state = nnx.split(model)
-    return np.asarray(_forward(graphdef, state, ids, jnp.asarray(positions), jnp.asarray(kv_mask)))
-
-
-class Loaded:
-    """One fixture checkpoint: our model, its config, the HF reference and reference logits."""
-
-    def __init__(self, kind: str, path: pathlib.Path):
-        self.kind, self.path = kind, path
-        self.model, self.cfg = from_pretrained(path)
-        self.hf = load_hf(path)
-        seed = sorted(TINY_SPECS).index(kind)
-        self.ids = np.random.default_rng(seed).integers(0, self.cfg.vocab_size, (B, T))
-        self.ref = hf_logits(self.hf, self.ids)
-
-
 @pytest.fixture(scope="session")
 def loaded(tiny_hf_dir):  # noqa: F811
-    cache: dict[str, Loaded] = {}
-
-    def get(kind: str) -> Loaded:
-        if kind not in cache:
-            cache[kind] = Loaded(kind, tiny_hf_dir(kind))
-        return cache[kind]
-
-    return get
+    return loaded_cache(tiny_hf_dir, TINY_SPECS, B, T)
 
 
 def _max_diff(a, b) -> float:

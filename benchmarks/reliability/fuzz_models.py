@@ -31,12 +31,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .cases import Result
 
 KINDS = ("gguf_truncated", "gguf_architecture", "gguf_missing_tensor", "st_truncated",
          "st_missing_tensor", "st_extra_tensor", "vocab_mismatch")
@@ -46,14 +46,6 @@ ROOT = Path(__file__).resolve().parents[2]
 H, FF, LAYERS, HEADS, KV = 64, 128, 2, 4, 2
 MERGES = ["Ġ t", "h e", "Ġt he"]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-@dataclass
-class Result:
-    tried: int = 0
-    outcomes: Counter = field(default_factory=Counter)
-    failures: list = field(default_factory=list)
-    records: list = field(default_factory=list)
 
 
 def _tokens() -> list[str]:

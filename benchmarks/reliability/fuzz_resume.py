@@ -15,9 +15,9 @@ import contextlib
 import hashlib
 import io
 import shutil
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from .cases import Result
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "tiny_cpu.yaml"
@@ -42,14 +42,6 @@ CASES: tuple[tuple[str, bool], ...] = (
     ("optim.max_grad_norm=0.5", False), ("algo.epsilon=0.1", False),
     ("sampling.temperature=0.8", False), ("sagc.half_life=50", False),
 )
-
-
-@dataclass
-class Result:
-    tried: int = 0
-    outcomes: Counter = field(default_factory=Counter)
-    failures: list = field(default_factory=list)
-    records: list = field(default_factory=list)
 
 
 def _digest(run_dir: Path) -> str:

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .cases import Result
 
 KINDS = ("rg_unknown_dataset", "rg_bad_setting", "rg_bad_weight", "rg_bad_prompt",
          "rg_no_datasets", "too_long_prompts", "builtin_bad_options")
@@ -46,14 +46,6 @@ _BAD_SETTINGS = (
     ("chain_sum", "no_such_option", [1, "x"]),
     ("products", "max_digits", [-5, 0]),
 )
-
-
-@dataclass
-class Result:
-    tried: int = 0
-    outcomes: Counter = field(default_factory=Counter)
-    failures: list = field(default_factory=list)
-    records: list = field(default_factory=list)
 
 
 def _yaml(v: Any) -> str:

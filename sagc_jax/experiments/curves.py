@@ -29,7 +29,7 @@ import numpy as np
 from sagc_jax.experiments.budget import CLOCKS
 
 __all__ = ["CurvePoint", "PolicyStat", "accuracy_at_budget", "checkpoint_steps", "curve",
-           "mean_se", "summarize_curves", "time_to_accuracy"]
+           "mean_se", "run_curves", "summarize_curves", "time_to_accuracy"]
 
 
 @dataclass(frozen=True)
@@ -159,3 +159,36 @@ def format_curves_md(summary: Mapping[str, Any]) -> list[str]:
                          f"{cell(r['time_to_target_s'], '{:.0f}')} | {ln} |")
         lines.append("")
     return lines
+
+
+def run_curves(run_dir: str | Path) -> dict[str, list[CurvePoint]]:
+    """A run's accuracy points on both clocks from its raw files alone (`eval.json`'s greedy
+    results by step, `metrics.jsonl`, `config.yaml` for the time model): what a page that
+    commits only those files regenerates its table from. {clock: points}."""
+    import json
+
+    from sagc_jax.config import load_saved_config
+    from sagc_jax.experiments.budget import cumulative_clock
+    from sagc_jax.metrics import read_jsonl
+    from sagc_jax.sagc.timing import TimeModel
+
+    run_dir = Path(run_dir)
+    evals = json.loads((run_dir / "eval.json").read_text())
+    acc = {int(v["step"]): float(v["accuracy"]) for v in evals.values()
+           if v.get("num_samples") == 0}
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    tm = TimeModel.from_sagc(load_saved_config(run_dir / "config.yaml").sagc)
+    steps = [int(r["step"]) for r in rows]
+    return {c: curve(acc, cumulative_clock(rows, c, tm), steps) for c in CLOCKS}
+
+
+if __name__ == "__main__":  # python -m sagc_jax.experiments.curves RUN_DIR: the table
+    import sys
+
+    pts = run_curves(sys.argv[1])
+    first = pts[CLOCKS[0]]
+    print("| step | " + " | ".join(str(p.step) for p in first) + " |")
+    print("|---|" + "---:|" * len(first))
+    print("| held-out accuracy | " + " | ".join(f"{p.accuracy:.2f}" for p in first) + " |")
+    for c in CLOCKS:
+        print(f"| `{c}` clock, s | " + " | ".join(f"{p.seconds:.0f}" for p in pts[c]) + " |")
