@@ -78,7 +78,8 @@ def _one(seed: int, config: str, steps: int, names: list[str], sets: list[str]) 
     long_s = {n: float(np.median(t["step_s"])) * 4 for n, t in traj.items()}
     out: dict = {n: (float(t["benefit"].sum()), float(t["step_s"].sum()),
                      float((t["step_s"] > long_s[n]).mean()), float(t["straggler_rate"].mean()),
-                     sim.sagc.delta + sim.tolerance) for n, t in traj.items() if n in names}
+                     np.inf if sim.sagc.delta is None else sim.sagc.delta + sim.tolerance)
+           for n, t in traj.items() if n in names}
     out["_phase"], out["_steps"], bounds = _phase_means(sim, traj, steps)
     if "sagc" in traj:  # SAGC's own per-phase sums, for the within / across-phase split
         out["_sagc_phase"] = np.array([[traj["sagc"][k][a:b].sum() for k in ("benefit", "step_s")]
@@ -99,7 +100,8 @@ def _population(seed: int, config: str, steps: int, sets: list[str]) -> dict:
     return _phase_means(sim, run_policies(sim, statics, steps=steps), steps)[0]
 
 
-def known_plans(pop: list[dict], t: np.ndarray, delta: float, sizes) -> dict[str, np.ndarray]:
+def known_plans(pop: list[dict], t: np.ndarray, delta: float | None,
+                sizes) -> dict[str, np.ndarray]:
     """The known-parameter plans: the causal and hindsight programs solved once on the
     per-phase, per-rung means over the independent seeds ``pop`` (``_population``'s outputs);
     t: steps per phase [K]. Returns {"causal", "oracle"} -> time fractions [K, G]."""

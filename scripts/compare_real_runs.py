@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     dirs = dict(s.split("=", 1) for s in args.runs)
     runs = {n: load_run(Path(d)) for n, d in dirs.items()}
-    delta = args.delta if args.delta is not None else next(iter(runs.values()))["cfg"].sagc.delta
+    # Runs saved before issue 49 left delta out and ran at the then-default 0.6.
+    delta = args.delta if args.delta is not None else (
+        next(iter(runs.values()))["cfg"].sagc.delta or 0.6)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plot(runs, delta, out / f"{args.name}.png")

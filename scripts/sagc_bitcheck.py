@@ -31,7 +31,7 @@ VARIANTS: dict[str, tuple[str, list[str], list[str]]] = {
          "sagc.trend_half_life=150.0", "sagc.credit_horizon=150.0"],
         ["sagc.half_life=50.0"]),
     "drift_tail_share": ("configs/sim/drift.yaml", ["sagc.straggler=tail_share", "sagc.delta=0.6"],
-                         ["sagc.straggler=tail_share", "sagc.delta=null"]),
+                         ["sagc.straggler=tail_share", "sagc.delta=0.6"]),
     "heavy_tail_tau_warmup": ("configs/sim/heavy_tail.yaml",
                               ["sagc.tau=1.5", "sagc.warmup_steps=10"],
                               ["sagc.tau=1.5", "sagc.warmup_steps=10"]),

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 49's real-model experiment: static G in {4, 8, 16} (later SAGC) on SmolLM2-135M-Instruct,
+# Issue 49's real-model experiment: static G in {4, 8, 16} and SAGC with the shipped defaults,
+# one run per clock it decides on (sagc-model, sagc-measured), on SmolLM2-135M-Instruct,
 # two reasoning-gym task mixes, seeds 0-2, 48 GRPO steps, a checkpoint every 8 steps (all kept:
 # `sagc-jax compare --curves` evaluates each one for held-out accuracy against seconds).
 #
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 GGUF=${GGUF:-$(python -c "from sagc_jax.models.gguf import smollm2_path; print(smollm2_path())")}
 OUT=${OUT:-runs/sagc49}
 MIXES=${MIXES:-"arith1=configs/smollm2-135m_rg_cpu.yaml arith2=configs/smollm2-135m_rg-2digit_cpu.yaml"}
-POLICIES=${POLICIES:-static-4,static-8,static-16}
+POLICIES=${POLICIES:-static-4,static-8,static-16,sagc-model,sagc-measured}
 SEEDS=${SEEDS:-0,1,2}
 common=(model.path="$GGUF" run.steps=48 checkpoint.every=8 checkpoint.keep=7 run.progress=false)
 

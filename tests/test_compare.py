@@ -167,7 +167,10 @@ def test_parse_policies_and_seeds():
     assert Policy("static-4", 4).overrides() == [
         "sagc.enabled=false", "sagc.initial_group_size=4", "sagc.group_sizes=[4]"]
     assert Policy("sagc", None).overrides() == ["sagc.enabled=true"]
-    for bad in ("static-x", "dynamic", "sagc,sagc", "static-1", ""):
+    # SAGC deciding on one clock: one run per sagc.timing (issue 49).
+    assert [p.overrides() for p in parse_policies("sagc-model,sagc-measured")] == [
+        ["sagc.enabled=true", "sagc.timing=model"], ["sagc.enabled=true", "sagc.timing=measured"]]
+    for bad in ("static-x", "dynamic", "sagc,sagc", "static-1", "", "sagc-wall"):
         with pytest.raises(ValueError):
             parse_policies(bad)
     assert parse_seeds("0,1") == [0, 1]
@@ -307,6 +310,12 @@ def test_accuracy_curves_budget_target_and_se():
     assert summ["target"] == pytest.approx(0.64)
     assert summ["policies"]["fast"]["time_to_target_s"]["mean"] == 10.0
     assert summ["policies"]["slow"]["time_to_target_s"]["mean"] == 20.0
+    # SAGC that decided on one clock is read on that clock only; static G and plain sagc on both.
+    both = summarize_curves({c: {"static-4": {0: pts}, "sagc-model": {0: pts},
+                                 "sagc-measured": {0: slow}} for c in ("model", "measured")})
+    assert set(both["model"]["policies"]) == {"static-4", "sagc-model"}
+    assert set(both["measured"]["policies"]) == {"static-4", "sagc-measured"}
+    assert both["model"]["budget_s"] == 10.0 and both["measured"]["budget_s"] == 10.0
 
 
 def test_compare_bad_input_fails_cleanly(tmp_path, capsys):
@@ -357,3 +366,8 @@ def test_sagc_real_page_table_is_its_committed_run():
     lines = out.strip().splitlines()
     assert len(lines) == 5 and all(ln in page for ln in lines), out
     assert "| held-out accuracy | 0.46 |" in out
+    # The cross-seed table of a mix folder, from the same raw files (`--mix`).
+    mix = subprocess.run([sys.executable, "-m", "sagc_jax.experiments.curves", "--mix",
+                          str(run.parent)], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout
+    assert "| static-4 | 0.850 ± 0.000 |" in mix and "Clock `measured`" in mix

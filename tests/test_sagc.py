@@ -51,8 +51,9 @@ def _sim(
         "steps": steps,
         "seed": seed,
         "workload": workload,
-        # The properties below are stated for the event rate (delta 0.1 by default).
-        "sagc": {"straggler": "group_ratio", **(sagc or {})},
+        # The properties below are stated for the event rate with a stated budget, delta 0.1
+        # (the paper's constrained mode; the shipped default has no budget).
+        "sagc": {"straggler": "group_ratio", "delta": 0.1, **(sagc or {})},
         "timing": timing or {},
     }
     return parse_sim_config(raw)
@@ -369,7 +370,7 @@ def test_smallest_rung_is_judged_on_its_mean_risk():
     # below: with floor_on_mean the floor is feasible and the queue decides; without, the run
     # holds g = 4 on "no_feasible" until the bound itself falls (a heavy start remembered).
     for floor, reason in ((True, "score"), (False, "no_feasible")):
-        cfg = SAGCConfig(group_sizes=(4, 8, 16), straggler="group_ratio")
+        cfg = SAGCConfig(group_sizes=(4, 8, 16), straggler="group_ratio", delta=0.1)
         state = init_state(cfg)
         state["decision"]["step"] = np.array(cfg.warmup_steps + 10, np.int64)
         state["risk"]["a"] = np.array([9.0, 30.0, 60.0])

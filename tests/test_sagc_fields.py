@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import ConfigError, load_config
-from sagc_jax.config.sagc import DEFAULT_DELTA, REMOVED_KEYS, SAGCConfig, TimeModelSection
+from sagc_jax.config.sagc import REMOVED_KEYS, SAGCConfig, TimeModelSection
 from sagc_jax.config.sagc_constants import (
     CONSTANTS,
     constants,
@@ -43,6 +43,7 @@ from sagc_jax.sagc.timing import DEFAULT_TIMING, TimeModel
 from sagc_jax.sagc.updates import budget_update
 
 GR = {"straggler": "group_ratio"}
+GRB = {**GR, "delta": 0.1}  # with the budget the event rate used to default to
 
 
 def _obs(lengths, g: int, *, truncated=None, rewards=None, timed: bool = False, **kw):
@@ -125,11 +126,23 @@ def test_tau_decides_which_groups_are_events():
         b, init_state(b), obs)["budget"]["last_rate"]
 
 
-def test_delta_default_per_straggler_and_the_budget_binds():
-    assert SAGCConfig().delta == 0.6 == DEFAULT_DELTA["tail_share"]
-    assert SAGCConfig(**GR).delta == 0.1 == DEFAULT_DELTA["group_ratio"]
-    assert SAGCConfig(delta=None, **GR).delta == 0.1 and SAGCConfig(delta=0.3).delta == 0.3
-    assert load_config(None, ["sagc.straggler=group_ratio"]).sagc.delta == 0.1
+def test_no_budget_by_default_and_a_stated_budget_binds():
+    # Issue 49: no straggler budget unless the user states one, whatever the straggler cost.
+    assert SAGCConfig().delta is None and SAGCConfig(**GR).delta is None
+    assert SAGCConfig(delta=0.3).delta == 0.3
+    assert load_config(None, ["sagc.straggler=group_ratio"]).sagc.delta is None
+    assert load_config(None, ["sagc.delta=0.2"]).sagc.delta == 0.2
+    # Without a budget: the queue and credit stay 0, every rung is feasible, the score is V * J
+    # and the choice its argmax over the reachable rungs.
+    free = SAGCConfig(**GR, risk="mean")
+    st = observe(free, init_state(free), _obs(ONE_TAIL, 4))
+    assert float(st["budget"]["queue"]) == 0 == float(st["budget"]["credit"])
+    assert float(st["budget"]["last_rate"]) == 0.5
+    g, info = choose(free, _decided(free, [0.5, 0.5, 9.5, 14.5], [99.5, 99.5, 90.5, 85.5]))
+    assert all(info["feasible"]) and info["risk_cap"] is None
+    np.testing.assert_allclose(info["score"], free.V * np.array(info["J"]))
+    assert g == free.group_sizes[int(np.argmax(np.where(info["eligible"], info["score"],
+                                                        -np.inf)))]
     for bad in (0.0, 1.0):
         with pytest.raises(ConfigError, match=r"^sagc\.delta: must be in \(0, 1\)"):
             SAGCConfig(delta=bad)
@@ -165,7 +178,7 @@ def test_V_weighs_the_objective_against_the_queue():
 def test_half_life_sets_every_memory():
     obs = _obs(np.full(16, 10), 4, timed=True)
     for hl in (10.0, 100.0):
-        cfg = SAGCConfig(half_life=hl)
+        cfg = SAGCConfig(half_life=hl, delta=0.6)
         st = init_state(cfg)
         st["benefit"]["pass_hist"][1, 3] = 2.0
         st["benefit"]["rate_s"] = np.array([1.0, 2.0])
@@ -187,7 +200,7 @@ def test_risk_quantile_is_above_the_mean_and_changes_the_choice():
     a, b = [0.5, 0.5, 2.5, 2.5], [99.5, 99.5, 37.5, 37.5]  # mean 0.07 at 12/16, q90 0.13
     got = {}
     for risk in ("mean", "q90"):
-        cfg = SAGCConfig(**GR, risk=risk)
+        cfg = SAGCConfig(**GRB, risk=risk)
         st = _decided(cfg, a, b)
         got[risk] = choose(cfg, st)
     mean, q90 = np.array(got["mean"][1]["risk"]), np.array(got["q90"][1]["risk"])
@@ -302,7 +315,7 @@ def test_queue_does_not_grow_after_a_no_feasible_step():
     assert float(budget_update(b, 0.0, 0.1, held=True)["queue"]) == pytest.approx(0.9)  # drains
     assert float(budget_update(b, 0.9, 0.1, held=False)["queue"]) == pytest.approx(1.8)
     # Through observe: the reason recorded by choose decides.
-    cfg = SAGCConfig(**GR)
+    cfg = SAGCConfig(**GRB)
     st = _decided(cfg, [50.0] * 4, [50.0] * 4, queue=1.0)
     g, info = choose(cfg, st)
     assert info["reason"] == "no_feasible" and g == 4
@@ -374,7 +387,7 @@ FIELD_TESTS = {
     "initial_group_size": test_group_sizes_and_initial_group_size_shape_and_validate,
     "straggler": test_straggler_switches_the_constrained_cost,
     "tau": test_tau_decides_which_groups_are_events,
-    "delta": test_delta_default_per_straggler_and_the_budget_binds,
+    "delta": test_no_budget_by_default_and_a_stated_budget_binds,
     "V": test_V_weighs_the_objective_against_the_queue,
     "half_life": test_half_life_sets_every_memory,
     "risk": test_risk_quantile_is_above_the_mean_and_changes_the_choice,

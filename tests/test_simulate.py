@@ -252,7 +252,7 @@ def test_shipped_configs_parse():
         assert sim.sagc.group_sizes == (4, 8, 12, 16) and sim.sagc.delta == 0.1
         # One set of defaults, nothing tuned, the event rate pinned (the run's length and seed
         # are passed to the controller when it is built, as the trainer passes run.steps).
-        assert sim.sagc == SAGCConfig(straggler="group_ratio")
+        assert sim.sagc == SAGCConfig(straggler="group_ratio", delta=0.1)
     assert load_sim_config("configs/sim/slow_drift.yaml").ramps == ((0, 1500),)
 
 

@@ -225,12 +225,8 @@ def config_to_dict(cfg: Any) -> Any:
 
 
 def default_dict() -> dict[str, Any]:
-    """The defaults as a nested dict, what a config file is merged into. ``sagc.delta`` stays
-    null: its default follows ``sagc.straggler`` and is resolved at validation (a file or
-    override that sets only the straggler cost gets that cost's default budget)."""
-    d = config_to_dict(Config())
-    d["sagc"]["delta"] = None
-    return d
+    """The defaults as a nested dict, what a config file is merged into."""
+    return config_to_dict(Config())
 
 
 def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> Config:

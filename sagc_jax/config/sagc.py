@@ -21,7 +21,6 @@ from sagc_jax.config.base import Bool, Float, Int, Section, Str, field, rule_err
 from sagc_jax.config.sagc_constants import SAGCConstants
 
 __all__ = [
-    "DEFAULT_DELTA",
     "REMOVED_KEYS",
     "SAGCConfig",
     "TimeModelSection",
@@ -64,9 +63,6 @@ class TimeModelSection(Section):
     prefill_a: Float = field(0.05, "s per prefill call.", ge=0)
     prefill_b: Float = field(2.0e-4, "s per prefill row.", ge=0)
 
-
-#: ``sagc.delta`` when the config leaves it out (or null), per ``sagc.straggler``.
-DEFAULT_DELTA: dict[str, float] = {"tail_share": 0.6, "group_ratio": 0.1}
 
 _WHY = "removed in the SAGC core rewrite (issue 32)"
 
@@ -151,13 +147,21 @@ class SAGCConfig(Section):
     )
     delta: Float | None = field(
         None,
-        "Long-run budget on the mean straggler cost of `straggler` (unitless, in (0, 1)). "
-        "null = by straggler: 0.6 for tail_share (at most 60 % of a group's decode steps spent "
-        "on its tail, run average), 0.1 for group_ratio (at most 10 % of groups with an event).",
+        "Long-run budget on the mean straggler cost of `straggler` (unitless, in (0, 1)), the "
+        "paper's constrained mode: e.g. 0.6 with tail_share (at most 60 % of a group's decode "
+        "steps spent on its tail, run average) or 0.1 with group_ratio (at most 10 % of groups "
+        "with an event). null (the default) = no budget: G maximises benefit per second, the "
+        "straggler priced in seconds through each rung's expected longest row "
+        "(docs/sagc.md, \"No budget by default\").",
         gt=0,
         lt=1,
     )
-    V: Float = field(1.0, "Weight of the normalised objective u(g) against Q * risk(g).", ge=0)
+    V: Float = field(
+        1.0,
+        "Weight of the normalised objective u(g) against Q * risk(g) (only with a delta budget: "
+        "without one the choice is the argmax of u).",
+        ge=0,
+    )
     half_life: Float = field(
         100.0,
         "Steps; forgetting of risk/pass-rate statistics within a regime (change detection "
@@ -189,20 +193,12 @@ class SAGCConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _removed_and_delta(cls, data: Any) -> Any:
-        """Refuse the keys issue 32 removed (one line: what each became); fill in delta from
-        ``straggler`` when it is left out or null (``DEFAULT_DELTA``). ``model_copy(update=
-        {"straggler": ...})`` is an unchecked replace and keeps the delta already resolved."""
-        if not isinstance(data, dict):
-            return data
-        for key in data:
-            if key in REMOVED_KEYS:
-                raise rule_error(str(key), REMOVED_KEYS[key])
-        if data.get("delta") is None:
-            straggler = data.get("straggler", "tail_share")
-            # A bad straggler value is the Literal's error to report; any default does here.
-            delta = DEFAULT_DELTA.get(straggler, 0.6) if isinstance(straggler, str) else 0.6
-            data = {**data, "delta": delta}
+    def _removed(cls, data: Any) -> Any:
+        """Refuse the keys issue 32 removed (one line: what each became)."""
+        if isinstance(data, dict):
+            for key in data:
+                if key in REMOVED_KEYS:
+                    raise rule_error(str(key), REMOVED_KEYS[key])
         return data
 
     @model_validator(mode="after")

@@ -29,7 +29,7 @@ import numpy as np
 from sagc_jax.experiments.budget import CLOCKS
 
 __all__ = ["CurvePoint", "PolicyStat", "accuracy_at_budget", "checkpoint_steps", "curve",
-           "mean_se", "run_curves", "summarize_curves", "time_to_accuracy"]
+           "mean_se", "mix_curves", "read_on", "run_curves", "summarize_curves", "time_to_accuracy"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,13 @@ def mean_se(values: Sequence[float | None]) -> PolicyStat:
     return PolicyStat(float(a.mean()), se, len(a), len(values))
 
 
+def read_on(policy: str, clock: str) -> bool:
+    """Whether a policy's runs are read on ``clock``: a static G serves both clocks; SAGC that
+    decided on one clock (`sagc-model`, `sagc-measured`) only that one."""
+    _, _, decided = policy.partition("sagc-")
+    return not policy.startswith("sagc-") or decided == clock
+
+
 def summarize_curves(curves: Mapping[str, Mapping[str, Mapping[int, list[CurvePoint]]]],
                      lengths: Mapping[str, Mapping[int, Callable[[float, str], float | None]]]
                      | None = None, target: float | None = None,
@@ -104,7 +111,7 @@ def summarize_curves(curves: Mapping[str, Mapping[str, Mapping[int, list[CurvePo
     budget) length at budget, each as mean ± se over seeds. `curves[clock][policy][seed]`."""
     out: dict[str, Any] = {}
     for clock in CLOCKS:
-        runs = curves.get(clock) or {}
+        runs = {p: v for p, v in (curves.get(clock) or {}).items() if read_on(p, clock)}
         if not runs:
             continue
         finals = [pts[-1].seconds for seeds in runs.values() for pts in seeds.values() if pts]
@@ -165,30 +172,71 @@ def run_curves(run_dir: str | Path) -> dict[str, list[CurvePoint]]:
     """A run's accuracy points on both clocks from its raw files alone (`eval.json`'s greedy
     results by step, `metrics.jsonl`, `config.yaml` for the time model): what a page that
     commits only those files regenerates its table from. {clock: points}."""
+    return _committed_run(Path(run_dir))[0]
+
+
+def _committed_run(run_dir: Path) -> tuple[dict[str, list[CurvePoint]],
+                                           Callable[[float, str], float | None]]:
+    """(points per clock, the mean completion length within a budget on a clock) of one run
+    directory holding `eval.json`, `metrics.jsonl` and `config.yaml`."""
     import json
 
     from sagc_jax.config import load_saved_config
-    from sagc_jax.experiments.budget import cumulative_clock
+    from sagc_jax.experiments.budget import cumulative_clock, cut_at_budget
+    from sagc_jax.experiments.summary import num
     from sagc_jax.metrics import read_jsonl
     from sagc_jax.sagc.timing import TimeModel
 
-    run_dir = Path(run_dir)
     evals = json.loads((run_dir / "eval.json").read_text())
     acc = {int(v["step"]): float(v["accuracy"]) for v in evals.values()
            if v.get("num_samples") == 0}
     rows = read_jsonl(run_dir / "metrics.jsonl")
     tm = TimeModel.from_sagc(load_saved_config(run_dir / "config.yaml").sagc)
     steps = [int(r["step"]) for r in rows]
-    return {c: curve(acc, cumulative_clock(rows, c, tm), steps) for c in CLOCKS}
+
+    def length_at(budget: float, clock: str) -> float | None:
+        vals = [num(r.get("len_mean")) for r in rows[:cut_at_budget(rows, budget, clock, tm)]]
+        return float(np.nanmean(vals)) if vals else None
+
+    return {c: curve(acc, cumulative_clock(rows, c, tm), steps) for c in CLOCKS}, length_at
 
 
-if __name__ == "__main__":  # python -m sagc_jax.experiments.curves RUN_DIR: the table
-    import sys
+def mix_curves(mix_dir: str | Path) -> dict[str, Any]:
+    """`summarize_curves` over every committed run `<policy>-s<seed>/` of one task mix (a
+    folder like docs/results/sagc_real/arith1): the cross-seed table from raw files alone."""
+    pts: dict[str, dict[str, dict[int, list[CurvePoint]]]] = {c: {} for c in CLOCKS}
+    lengths: dict[str, dict[int, Callable[[float, str], float | None]]] = {}
+    for run in sorted(Path(mix_dir).glob("*-s*")):
+        if not (run / "eval.json").is_file():
+            continue
+        policy, _, seed = run.name.rpartition("-s")
+        points, length_at = _committed_run(run)
+        for c in CLOCKS:
+            pts[c].setdefault(policy, {})[int(seed)] = points[c]
+        lengths.setdefault(policy, {})[int(seed)] = length_at
+    return summarize_curves(pts, lengths)
 
-    pts = run_curves(sys.argv[1])
+
+def _main(argv: Sequence[str]) -> int:
+    """`python -m sagc_jax.experiments.curves RUN_DIR`: one run's points; `... --mix MIX_DIR`:
+    the per-clock table over its committed runs."""
+    if len(argv) == 2 and argv[0] == "--mix":
+        print("\n".join(format_curves_md(mix_curves(argv[1]))))
+        return 0
+    if len(argv) != 1:
+        print("usage: python -m sagc_jax.experiments.curves RUN_DIR | --mix MIX_DIR")
+        return 2
+    pts = run_curves(argv[0])
     first = pts[CLOCKS[0]]
     print("| step | " + " | ".join(str(p.step) for p in first) + " |")
     print("|---|" + "---:|" * len(first))
     print("| held-out accuracy | " + " | ".join(f"{p.accuracy:.2f}" for p in first) + " |")
     for c in CLOCKS:
         print(f"| `{c}` clock, s | " + " | ".join(f"{p.seconds:.0f}" for p in pts[c]) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

@@ -78,7 +78,7 @@ def plot_comparison(runs: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]
               else "training wall-clock (s, cumulative step_s)")
     figure("reward_vs_wallclock.png", f"training reward ({window}-step mean) vs wall-clock; "
            f"target {target:.2f}", xlabel, "reward", reward, runs, hline=target)
-    sagc_only = {p: s for p, s in runs.items() if p == "sagc"} or runs  # static G is flat
+    sagc_only = {p: s for p, s in runs.items() if p.startswith("sagc")} or runs  # static G is flat
     figure("group_size.png", "group size G over steps", "step", "G",
            over_steps("group_size", False), sagc_only)
     figure("straggler_rate.png", f"straggler rate ({window}-step mean; dotted: delta)", "step",

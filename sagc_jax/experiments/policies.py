@@ -1,4 +1,5 @@
-"""Group-size policies of a comparison: `static-<g>` and `sagc`, and the seeds list."""
+"""Group-size policies of a comparison: `static-<g>`, `sagc` (and `sagc-model` /
+`sagc-measured`, SAGC deciding on one clock), and the seeds list."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ DEFAULT_POLICIES = "static-4,static-8,static-16,sagc"
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """A group-size policy: `static-<g>` (fixed G = g) or `sagc` (adaptive)."""
+    """A group-size policy: `static-<g>` (fixed G = g) or `sagc` (adaptive). SAGC decides on
+    the config's `sagc.timing` clock, or on ``timing`` (`sagc-model`, `sagc-measured`): a
+    static run serves both clocks, an adaptive one only the clock it decided on."""
 
     name: str
     group_size: int | None  # None = SAGC
+    timing: str | None = None  # SAGC only: "model" / "measured"; None = the config's
 
     def overrides(self) -> list[str]:
         """Config overrides that select this policy on top of the base config."""
         if self.group_size is None:
-            return ["sagc.enabled=true"]
+            return ["sagc.enabled=true", *([f"sagc.timing={self.timing}"] if self.timing else [])]
         g = self.group_size
         return ["sagc.enabled=false", f"sagc.initial_group_size={g}", f"sagc.group_sizes=[{g}]"]
 
@@ -36,10 +40,11 @@ def parse_policies(text: str) -> list[Policy]:
             if g < 2:
                 raise ValueError(f"policy {raw.strip()!r}: a group needs G >= 2")
             pol = Policy(f"static-{g}", g)
-        elif name == "sagc":
-            pol = Policy("sagc", None)
+        elif name in ("sagc", "sagc-model", "sagc-measured"):
+            pol = Policy(name, None, name.partition("-")[2] or None)
         else:
-            raise ValueError(f"unknown policy {raw.strip()!r}: expected static-<G> or sagc")
+            raise ValueError(f"unknown policy {raw.strip()!r}: expected static-<G>, sagc, "
+                             "sagc-model or sagc-measured")
         if pol in out:
             raise ValueError(f"policy {pol.name!r} listed twice")
         out.append(pol)

@@ -208,9 +208,9 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     score(g) = V * u(g) - Q * risk(g) with u(g) = (benefit - λ·cost) / max benefit (benefit/s
     over the run is a ratio of sums: a step adds benefit - λ·seconds to it, Dinkelbach; scaled
     by the largest benefit so V stays dimensionless). Feasible g have risk(g) <= delta +
-    credit / credit_horizon (the smallest judged on its mean risk); eligible g are the feasible
-    ones within max_rung_step rungs up of the current G, plus the budget-sharing rung just above
-    the feasible ones. The choice is the best-scoring eligible g.
+    credit / credit_horizon (the smallest judged on its mean risk; every g without a budget);
+    eligible g are the feasible ones within max_rung_step rungs up of the current G, plus the
+    budget-sharing rung just above the feasible ones. The choice is the best-scoring eligible g.
     """
     c = constants()
     sizes = np.array(cfg.group_sizes)
@@ -225,8 +225,10 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     q = float(state["budget"]["queue"])
     score = cfg.V * j - q * risk
     # The budget is a long-run average: credit saved in light phases raises the per-step cap,
-    # to be spent over about credit_horizon steps (0 credit: the cap is delta).
-    cap = cfg.delta + float(state["budget"]["credit"]) / credit_horizon(cfg)
+    # to be spent over about credit_horizon steps (0 credit: the cap is delta). No budget
+    # (delta None): every rung is feasible, the queue stays 0 and the score is V * u alone.
+    cap = (np.inf if cfg.delta is None
+           else cfg.delta + float(state["budget"]["credit"]) / credit_horizon(cfg))
     feasible = risk <= cap
     if c.floor_on_mean:
         # The quantile guards moves *up* into rungs we know little about; below the smallest
@@ -266,7 +268,7 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
         "J": j.tolist(),
         "score": score.tolist(),
         "queue": q,
-        "risk_cap": cap,
+        "risk_cap": None if cfg.delta is None else cap,
         "benefit_rate": lam_rate,
         "feasible": feasible.tolist(),
         "reachable": reach.tolist(),

@@ -64,7 +64,7 @@ def _fractions(
     b: np.ndarray,
     c: np.ndarray,
     r: np.ndarray,
-    delta: float,
+    delta: float | None,
     fixed: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """Optimal time fractions x [K, G] of the program above, or None if no schedule meets delta.
@@ -90,8 +90,10 @@ def _fractions(
             a_eq[row, n] = -t[i] * float(fixed[i, j])  # type: ignore[index]
     b_eq = np.zeros(len(a_eq))
     b_eq[0] = 1.0
-    a_ub = np.concatenate([r.reshape(-1), [-delta * t.sum()]])[None]  # Σ y r <= delta s Σ T
-    res = linprog(obj, A_ub=a_ub, b_ub=[0.0], A_eq=a_eq, b_eq=b_eq, bounds=(0, None))
+    # Σ y r <= delta s Σ T; no budget (delta None): no such row.
+    ub = {} if delta is None else {
+        "A_ub": np.concatenate([r.reshape(-1), [-delta * t.sum()]])[None], "b_ub": [0.0]}
+    res = linprog(obj, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), **ub)
     if res.status != 0 or res.x[n] <= 0:
         return None
     x = np.clip(res.x[:n].reshape(k, g) / (res.x[n] * t[:, None]), 0.0, None)
@@ -113,13 +115,14 @@ def solve_oracle(
     benefit: np.ndarray,
     seconds: np.ndarray,
     rate: np.ndarray,
-    delta: float,
+    delta: float | None,
     sizes: tuple[int, ...] | list[int],
 ) -> OracleSchedule:
     """Solve the linear-fractional program above (the hindsight oracle).
 
     steps: [K] steps per phase; benefit, seconds, rate: [K, G] per-step means of static rung g in
-    phase k (seconds > 0); delta: the long-run budget; sizes: the G rung sizes (for mean g).
+    phase k (seconds > 0); delta: the long-run budget (None: none); sizes: the G rung sizes
+    (for mean g).
     """
     t, b, c, r = _inputs(steps, benefit, seconds, rate, "solve_oracle")
     x = _fractions(t, b, c, r, delta)
@@ -136,7 +139,7 @@ def solve_causal(
     benefit: np.ndarray,
     seconds: np.ndarray,
     rate: np.ndarray,
-    delta: float,
+    delta: float | None,
     sizes: tuple[int, ...] | list[int],
 ) -> OracleSchedule:
     """The no-foresight ceiling (module docstring): phase by phase, re-plan with the past fixed
@@ -182,7 +185,7 @@ def oracle_from_trajectories(
     traj: dict[str, dict[str, np.ndarray]],
     sizes: tuple[int, ...],
     bounds: list[int],
-    delta: float,
+    delta: float | None,
     causal: bool = False,
 ) -> tuple[OracleSchedule, list[dict[str, object]]]:
     """Measure r_kg, b_kg, c_kg from the static-g trajectories and solve.

@@ -28,16 +28,19 @@ def _copy(sub: Sub) -> Sub:
     return {k: np.array(v, copy=True) for k, v in sub.items()}
 
 
-def budget_update(budget: Sub, rate: float, delta: float, held: bool) -> Sub:
+def budget_update(budget: Sub, rate: float, delta: float | None, held: bool) -> Sub:
     """The virtual queue Q and the saved credit (both in units of the straggler cost x steps).
 
     ``rate``: this step's mean straggler cost s_t (unitless). One signed balance: debt is the
     queue, savings (up to the constant ``credit_cap``) are credit. ``held``: the step ran on a
     "no_feasible" decision, at the most conservative g there is; debt accrued then could only be
     repaid by over-throttling once the tail lightens, so the queue does not grow (it drains).
+    ``delta`` None (no budget): only ``last_rate`` is recorded; queue and credit stay 0.
     """
     new = _copy(budget)
     new["last_rate"] = np.array(rate)
+    if delta is None:
+        return new
     excess = min(rate - delta, 0.0) if held else rate - delta
     balance = min(float(budget["credit"]) - float(budget["queue"]) - excess, constants().credit_cap)
     new["queue"] = np.array(max(0.0, -balance))
