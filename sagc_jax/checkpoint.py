@@ -177,6 +177,20 @@ def verify(what: str, tree: Any, saved: list[str] | None, *, host: bool = False)
         raise CheckpointCorruptError(f"{what}: checksum mismatch in {', '.join(bad[:3])}{more}")
 
 
+def _nested(tree: Any) -> Any:
+    """The SAGC state as the nested dict a checkpoint holds (sub-model -> key -> numpy array).
+
+    A typed state (NamedTuples, ``sagc_jax.sagc.state.SAGCState``) becomes dicts by field name,
+    so the files keep the layout written before the state was typed and old checkpoints read
+    back; a dict is kept as a dict. ``policy.load_state`` turns the restored dict back into the
+    typed state."""
+    if isinstance(tree, dict):
+        return {k: _nested(v) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_asdict"):
+        return {k: _nested(v) for k, v in tree._asdict().items()}
+    return np.asarray(tree)
+
+
 def _sagc_keys(sagc: dict[str, Any]) -> list[str]:
     """The SAGC state's leaves as ``sub/key`` paths (one sub-dict per sub-model), sorted."""
     out: list[str] = []
@@ -197,7 +211,7 @@ class Snapshot:
     step: int
     params: Any  # nnx.State of the model
     opt_state: Any
-    sagc: dict[str, dict[str, np.ndarray]]  # the SAGC state: sub-model -> its arrays
+    sagc: Any  # the SAGC state (typed SAGCState, or sub-model -> its arrays); restored: a dict
     data_iter: Any  # grain DatasetIterator, or a list of them (one per owned data shard);
     # restored in place
 
@@ -371,7 +385,7 @@ class RunCheckpointer:
             return False
         data = _data_items(state.data_iter)
         params, opt = _pure(state.params), _flat(state.opt_state)
-        sagc = jax.tree.map(np.asarray, state.sagc)
+        sagc = _nested(state.sagc)
         meta = {"step": step, "sagc_keys": _sagc_keys(sagc), "data_items": len(data),
                 "data_states": _data_states(data),
                 # Computed on device before the async write, from the same arrays it copies.
@@ -513,7 +527,7 @@ class RunCheckpointer:
     def _restore(self, step: int, template: Snapshot) -> Snapshot:
         pure_t = _pure(template.params)
         flat_opt = _flat(template.opt_state)
-        sagc_t = jax.tree.map(np.asarray, template.sagc)
+        sagc_t = _nested(template.sagc)
         where = f"checkpoint step {step} in {self.directory}"
         try:
             meta = self.manager.restore(

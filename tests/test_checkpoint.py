@@ -289,26 +289,34 @@ def test_full_disk_and_library_tracebacks_become_one_line(capsys):
 
 
 def test_nested_sagc_state_roundtrips_and_the_old_flat_layout_is_one_line(saved, tmp_path):
-    """The SAGC state is one sub-dict per sub-model (issue 32): it round-trips through a run
-    checkpoint; a checkpoint holding the old flat state is refused in one line naming an old key
+    """The SAGC state is one sub-state per sub-model (issue 32; typed since issue 49): it
+    round-trips through a run checkpoint, stored as the nested dict (sub-model -> key) that
+    checkpoints written before the state was typed hold too, so both restore into the typed
+    state; a checkpoint holding the old flat state is refused in one line naming an old key
     (not a traceback, not a silent fresh start)."""
     from sagc_jax.sagc import SAGCConfig, init_state
+    from sagc_jax.sagc.state import as_dict, normalize_state, with_fields
 
     st = saved["template"]()
-    nested = init_state(SAGCConfig(), horizon=40, seed=3)
-    nested["budget"]["queue"] = np.array(1.5)
-    nested["cost"]["measured"][1] = True
-    ck = _copy(saved, tmp_path / "a")
-    assert ck.save(3, ckpt.Snapshot(3, st.params, st.opt_state, nested, st.data_iter), force=True)
-    ck.wait()
+    typed = with_fields(init_state(SAGCConfig(), horizon=40, seed=3), "budget",
+                        queue=np.array(1.5))
+    typed.cost.measured[1] = True
+    nested = as_dict(typed)
     tmpl = ckpt.Snapshot(0, st.params, st.opt_state, init_state(SAGCConfig()), st.data_iter)
-    got = ck.restore_latest(tmpl, saved["mcfg"])
-    assert got.step == 3 and sorted(got.sagc) == sorted(nested)
-    for m, sub in nested.items():
-        for k, v in sub.items():
-            np.testing.assert_array_equal(got.sagc[m][k], v)
-            assert got.sagc[m][k].dtype == v.dtype
-    ck.close()
+    for i, written in enumerate((typed, nested)):  # today's typed state, a pre-typing dict
+        ck = _copy(saved, tmp_path / f"a{i}")
+        assert ck.save(3, ckpt.Snapshot(3, st.params, st.opt_state, written, st.data_iter),
+                       force=True)
+        ck.wait()
+        got = ck.restore_latest(tmpl, saved["mcfg"])
+        assert got.step == 3 and sorted(got.sagc) == sorted(nested)
+        back = as_dict(normalize_state(SAGCConfig(), got.sagc))
+        for m, sub in nested.items():
+            for k, v in sub.items():
+                np.testing.assert_array_equal(got.sagc[m][k], v)
+                assert got.sagc[m][k].dtype == v.dtype == back[m][k].dtype
+                np.testing.assert_array_equal(back[m][k], v)
+        ck.close()
     # Steps 1 and 2 of the fixture hold a flat SAGC state, as every checkpoint before issue 32.
     ck = _copy(saved, tmp_path / "b")
     old = {"queue": np.zeros(()), "risk_a": np.zeros(4), "step": np.array(2)}

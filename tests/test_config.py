@@ -323,8 +323,8 @@ def test_sagc_section_declared_once() -> None:
     assert (s.half_life, s.risk, s.warmup_steps, s.tau) == (100.0, "q90", 4, 2.0)
     from sagc_jax.sagc.simulate import sagc_policy
 
-    dec = sagc_policy(parse_sim_config({"seed": 7, "steps": 30})).state["decision"]
-    assert (int(dec["seed"]), int(dec["horizon"])) == (7, 30)  # the simulator's seed seeds SAGC
+    dec = sagc_policy(parse_sim_config({"seed": 7, "steps": 30})).state.decision
+    assert (int(dec.seed), int(dec.horizon)) == (7, 30)  # the simulator's seed seeds SAGC
     for bad, msg in [
         ({"detla": 0.5}, "unknown key 'sagc.detla' (did you mean 'sagc.delta'?)"),
         ({"tau": 0.5}, "sagc.tau: must be >= 1, got 0.5"),
@@ -383,7 +383,7 @@ def test_sagc_horizon_is_the_run_length() -> None:
     from sagc_jax.train.setup import _make_policy
 
     pol = _make_policy(load_config(None, ["run.steps=77"]))
-    assert int(pol.state["decision"]["horizon"]) == 77 and int(pol.state["decision"]["seed"]) == 0
+    assert int(pol.state.decision.horizon) == 77 and int(pol.state.decision.seed) == 0
     # No longer a key: one line saying who passes it now.
     with pytest.raises(ConfigError, match=r"^sagc\.horizon: removed .*passed by the trainer"):
         load_config(None, ["sagc.horizon=500"])

@@ -38,6 +38,7 @@ from sagc_jax.sagc.estimators import (
     truncation_rate,
 )
 from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step, sagc_policy
+from sagc_jax.sagc.state import SAGCState, as_dict, with_fields
 
 # Accelerator-like workload pieces reused below (see configs/sim/*.yaml for the benchmarks).
 LIGHT = {"group_spread": 0.1, "prompt_spread": 0.3, "loop_prob": 0.0, "max_new_tokens": 1024}
@@ -82,7 +83,7 @@ def test_binomial_llr_closed_forms():
 def test_no_change_detected_on_a_stationary_workload():
     sim = _sim(300, {"group_spread": 0.35, "loop_prob": 0.002, "max_new_tokens": 2048})
     pol, _ = _run_sagc(sim)
-    assert int(pol.state["change"]["changes"]) <= 1
+    assert int(pol.state.change.changes) <= 1
 
 
 def test_hypergeom_matches_bruteforce_enumeration():
@@ -165,7 +166,7 @@ def test_model_extended_groups_count_as_less_evidence(power):
     )
     with override_constants(extrapolation_power=power):
         st = observe(cfg, init_state(cfg), obs)
-    n = st["risk"]["a"] + st["risk"]["b"]
+    n = st.risk.a + st.risk.b
     np.testing.assert_allclose(n, 5 * np.array([1.0, 1.0, 0.5**power, 0.25**power]))
 
 
@@ -173,7 +174,8 @@ def test_risk_quantile_is_the_beta_quantile():
     """``risk: q90`` is the 0.9 quantile of the Beta posterior (closed forms where they exist)."""
     q = 0.9
     cfg = SAGCConfig(group_sizes=(4, 8, 12), initial_group_size=4, risk="q90")
-    st = {"risk": {"a": np.array([0.5, 2.5, 0.5]), "b": np.array([0.5, 0.5, 3.5])}}  # + 0.5 prior
+    st = with_fields(init_state(cfg), "risk", a=np.array([0.5, 2.5, 0.5]),
+                     b=np.array([0.5, 0.5, 3.5]))  # + 0.5 prior
     np.testing.assert_allclose(posterior_risk(cfg, st), [q, q ** (1 / 3), 1 - (1 - q) ** 0.25],
                                atol=1e-9)
     assert (posterior_risk(cfg, st) > posterior_risk(cfg, st, mean=True)).all()
@@ -216,7 +218,7 @@ def test_group_size_falls_after_heavier_tail_and_recovers():
     rise16 = np.flatnonzero(g[light_at:] == 16)
     assert len(rise16) and rise16[0] <= 30
     assert (g[light_at + 30 :] == 16).all()
-    assert 2 <= int(pol.state["change"]["changes"]) <= 4  # the two drifts, not noise
+    assert 2 <= int(pol.state.change.changes) <= 4  # the two drifts, not noise
 
 
 def test_settles_on_largest_g_without_stragglers_and_flat_cost():
@@ -240,27 +242,37 @@ def test_same_seed_same_decisions_and_state():
     p1, t1 = _run_sagc(sim)
     p2, t2 = _run_sagc(sim)
     np.testing.assert_array_equal(t1["group_size"], t2["group_size"])
-    for m, sub in p1.state.items():
+    for m, sub in as_dict(p1.state).items():
         for k in sub:
-            np.testing.assert_array_equal(sub[k], p2.state[m][k])
+            np.testing.assert_array_equal(sub[k], as_dict(p2.state)[m][k])
 
 
 def test_state_roundtrips_orbax_and_decisions_continue(tmp_path):
     ocp = pytest.importorskip("orbax.checkpoint")
     sim = _sim(60, {"group_spread": 0.35, "loop_prob": 0.004})
     pol, _ = _run_sagc(sim, 30)
-    with ocp.CheckpointManager(tmp_path / "ckpt") as mgr:
-        mgr.save(30, args=ocp.args.StandardSave(pol.state))
+    # The typed state as it is, and the nested dict the trainer's checkpoint holds (the layout
+    # since issue 32, so checkpoints written before the state was typed): both restore exactly.
+    with ocp.CheckpointManager(tmp_path / "ckpt", item_names=("typed", "nested")) as mgr:
+        mgr.save(30, args=ocp.args.Composite(typed=ocp.args.StandardSave(pol.state),
+                                             nested=ocp.args.StandardSave(as_dict(pol.state))))
         mgr.wait_until_finished()
-        restored = mgr.restore(30, args=ocp.args.StandardRestore(pol.state))
+        got = mgr.restore(30, args=ocp.args.Composite(
+            typed=ocp.args.StandardRestore(pol.state),
+            nested=ocp.args.StandardRestore(as_dict(init_state(sim.sagc)))))
+    assert isinstance(got["typed"], SAGCState) and isinstance(got["nested"], dict)
+    restored = got["nested"]
     pol2 = SAGCPolicy(sim.sagc)  # no horizon, seed 0: both come back from the state
     pol2.load_state(restored)
-    for m, sub in pol.state.items():
+    pol3 = SAGCPolicy(sim.sagc)
+    pol3.load_state(got["typed"])
+    for m, sub in as_dict(pol.state).items():
         for k, v in sub.items():
-            got = pol2.state[m][k]
-            assert got.dtype == v.dtype and got.shape == v.shape
-            np.testing.assert_array_equal(got, v)
-    assert int(pol2.state["decision"]["horizon"]) == sim.steps
+            for p in (pol2, pol3):
+                got_v = as_dict(p.state)[m][k]
+                assert got_v.dtype == v.dtype and got_v.shape == v.shape
+                np.testing.assert_array_equal(got_v, v)
+    assert int(pol2.state.decision.horizon) == sim.steps
     a = run_policies(sim, {"x": pol}, steps=30, start=30)["x"]
     b = run_policies(sim, {"x": pol2}, steps=30, start=30)["x"]
     np.testing.assert_array_equal(a["group_size"], b["group_size"])
@@ -286,10 +298,10 @@ def test_pure_functions_do_not_mutate_state():
     obs, _, _ = run_step(sim, sim.workload.draw(0), 8)
     new = observe(cfg, st, obs)
     choose(cfg, new)
-    for m, sub in st.items():
+    for m, sub in as_dict(st).items():
         for k in sub:
-            np.testing.assert_array_equal(sub[k], snap[m][k])
-    assert int(new["decision"]["step"]) == 1
+            np.testing.assert_array_equal(sub[k], as_dict(snap)[m][k])
+    assert int(new.decision.step) == 1
     g, info = choose(cfg, st)
     assert g == 8 and info["reason"] == "warmup"
     for key in ("risk", "cost", "benefit", "J", "score", "queue", "feasible"):
@@ -372,16 +384,16 @@ def test_smallest_rung_is_judged_on_its_mean_risk():
     for floor, reason in ((True, "score"), (False, "no_feasible")):
         cfg = SAGCConfig(group_sizes=(4, 8, 16), straggler="group_ratio", delta=0.1)
         state = init_state(cfg)
-        state["decision"]["step"] = np.array(cfg.warmup_steps + 10, np.int64)
-        state["risk"]["a"] = np.array([9.0, 30.0, 60.0])
-        state["risk"]["b"] = np.array([91.0, 70.0, 40.0])
+        state = with_fields(state, "decision", step=np.array(cfg.warmup_steps + 10, np.int64))
+        state = with_fields(state, "risk", a=np.array([9.0, 30.0, 60.0]),
+                            b=np.array([91.0, 70.0, 40.0]))
         with override_constants(floor_on_mean=floor):
             g, info = choose(cfg, state)
             assert info["risk"][0] > cfg.delta  # the quantile alone: nothing feasible
             assert info["reason"] == reason and info["feasible"][0] is floor
             assert g in ((4, 8) if floor else (4,))
             # A floor whose mean risk is above delta is held either way.
-            state["risk"]["a"][0], state["risk"]["b"][0] = 15.0, 85.0
+            state.risk.a[0], state.risk.b[0] = 15.0, 85.0
             assert choose(cfg, state)[1]["reason"] == "no_feasible"
 
 
@@ -391,15 +403,15 @@ def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
     sim = _sim(30, wl, sagc={"half_life": 50.0})
     with override_constants(credit_cap=1.0):
         pol, _ = _run_sagc(sim)
-        assert float(pol.state["budget"]["credit"]) == pytest.approx(1.0)
-        assert float(pol.state["budget"]["queue"]) == 0.0
+        assert float(pol.state.budget.credit) == pytest.approx(1.0)
+        assert float(pol.state.budget.queue) == 0.0
         _, info = choose(sim.sagc, pol.state)
     # The credit horizon is 3 x half_life.
     assert info["risk_cap"] == pytest.approx(sim.sagc.delta + 1.0 / 150.0)
     # Switched off: the queue only counts debt, and the cap is delta.
     with override_constants(credit_cap=0.0):
         pol0, _ = _run_sagc(_sim(30, wl))
-        assert float(pol0.state["budget"]["credit"]) == 0.0
+        assert float(pol0.state.budget.credit) == 0.0
         assert choose(pol0.cfg, pol0.state)[1]["risk_cap"] == pytest.approx(0.1)
 
 
@@ -410,16 +422,16 @@ def test_benefit_rate_projects_the_current_regime_to_the_horizon():
     # No timed step yet: the best predicted benefit per second.
     assert benefit_rate(cfg, state, ben, cost) == pytest.approx(0.5)
     # 400 steps so far at 0.8 benefit/s overall; the recent regime runs 6 per 30 s (0.2/s).
-    state["decision"]["step"] = np.array(400)
-    state["benefit"]["total_s"] = np.array([3200.0, 4000.0])
-    state["benefit"]["rate_now"] = np.array([60.0, 300.0, 10.0])
+    state = with_fields(state, "decision", step=np.array(400))
+    state = with_fields(state, "benefit", total_s=np.array([3200.0, 4000.0]))
+    state = with_fields(state, "benefit", rate_now=np.array([60.0, 300.0, 10.0]))
     lam = benefit_rate(cfg, state, ben, cost)
     assert lam == pytest.approx((3200 + 600 * 6) / (4000 + 600 * 30))  # 600 steps left
     # Near the end the run's own rate dominates; without a horizon, the discounted rate.
-    state["decision"]["step"] = np.array(999)
+    state = with_fields(state, "decision", step=np.array(999))
     assert benefit_rate(cfg, state, ben, cost) == pytest.approx((3200 + 6) / (4000 + 30))
-    state["benefit"]["rate_s"] = np.array([1.0, 4.0])
-    state["decision"]["horizon"] = np.array(0)
+    state = with_fields(state, "benefit", rate_s=np.array([1.0, 4.0]))
+    state = with_fields(state, "decision", horizon=np.array(0))
     assert benefit_rate(cfg, state, ben, cost) == pytest.approx(0.25)
 
 
@@ -444,14 +456,14 @@ def _expected_hist(cfg: SAGCConfig, rung: int, groups: float, ps, ws) -> np.ndar
 def test_observe_counts_passes_per_rung_and_discounts_the_rest():
     cfg = SAGCConfig(group_sizes=(4, 8), initial_group_size=4, half_life=10.0)
     state = init_state(cfg)
-    state["benefit"]["pass_hist"][1, 3] = 2.0
+    state.benefit.pass_hist[1, 3] = 2.0
     rewards = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]], float)
     obs = Observation(group_size=4, lengths=np.full(16, 10), truncated=np.zeros(16, bool),
                       rewards=rewards.reshape(-1), max_new_tokens=64, prefill_s=0.1,
                       decode_s=1.0, decode_steps=10, rows=16, prompts=4)
     new = observe(cfg, state, obs)
-    np.testing.assert_allclose(new["benefit"]["pass_hist"][0], [1, 1, 1, 0, 1, 0, 0, 0, 0])
-    assert new["benefit"]["pass_hist"][1, 3] == pytest.approx(2.0 * 0.5 ** 0.1)
+    np.testing.assert_allclose(new.benefit.pass_hist[0], [1, 1, 1, 0, 1, 0, 0, 0, 0])
+    assert new.benefit.pass_hist[1, 3] == pytest.approx(2.0 * 0.5 ** 0.1)
 
 
 def test_benefit_model_is_the_beta_on_beta_pass_rates():
@@ -462,7 +474,8 @@ def test_benefit_model_is_the_beta_on_beta_pass_rates():
     grid = np.linspace(0.0005, 0.9995, 1000)  # the Beta as a fine mixture
     dens = grid ** (a - 1) * (1 - grid) ** (b - 1)
     state = init_state(cfg)
-    state["benefit"]["pass_hist"] = _expected_hist(cfg, 4, 5000.0, grid, dens / dens.sum())
+    hist = _expected_hist(cfg, 4, 5000.0, grid, dens / dens.sum())
+    state = with_fields(state, "benefit", pass_hist=hist)
     fa, fb = pass_rate_beta(cfg, state)
     assert (fa, fb) == pytest.approx((a, b), rel=0.03)
     w = pass_rate_mixture(cfg, state)
@@ -478,7 +491,7 @@ def test_benefit_model_fits_pass_rates_that_are_not_beta():
     cfg = SAGCConfig(group_sizes=(4, 8, 12, 16), initial_group_size=12)
     ps, ws = [0.0, 0.85], [1 / 3, 2 / 3]
     state = init_state(cfg)
-    state["benefit"]["pass_hist"] = _expected_hist(cfg, 12, 2000.0, ps, ws)
+    state = with_fields(state, "benefit", pass_hist=_expected_hist(cfg, 12, 2000.0, ps, ws))
     truth = {g: sum(w * (1 - p**g - (1 - p) ** g) for p, w in zip(ps, ws)) * (1 - 1 / g)
              for g in cfg.group_sizes}
     beta_err = abs(_beta_benefit(16, *pass_rate_beta(cfg, state)) / truth[16] - 1)
@@ -499,12 +512,12 @@ def test_benefit_model_fits_pass_rates_that_are_not_beta():
 
 
 def test_truncation_rate_prior_is_the_run_so_far():
-    length = init_state(SAGCConfig())["length"]
-    length["trunc_total"] = np.array([10_000.0, 20.0])  # 0.2 % of rows looped over the run
-    length["trunc_s"] = np.zeros(2)  # ... and a change point just restarted the regime memory
+    length = init_state(SAGCConfig()).length
+    # 0.2 % of rows looped over the run, and a change point just restarted the regime memory:
+    length = length._replace(trunc_total=np.array([10_000.0, 20.0]), trunc_s=np.zeros(2))
     assert truncation_rate(length) == pytest.approx(20.1 / 10_001, rel=1e-9)
     # A long clean regime outweighs the prior (worth 1000 rows).
-    length["trunc_s"] = np.array([100_000.0, 10.0])
+    length = length._replace(trunc_s=np.array([100_000.0, 10.0]))
     p0 = 20.1 / 10_001
     assert truncation_rate(length) == pytest.approx((10 + 1000 * p0) / 101_000, rel=1e-9)
     assert 1e-4 < truncation_rate(length) < 1.3e-4
@@ -516,47 +529,49 @@ def _trend_sums(steps: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def test_length_trend_is_the_fitted_slope_and_ignores_noise():
-    length = init_state(SAGCConfig())["length"]
+    length = init_state(SAGCConfig()).length
     t = np.arange(100.0, 200.0)
     rng = np.random.default_rng(0)
     # Lengths that double every 300 steps, with a little step-to-step noise: the slope.
-    length["trend_s"] = _trend_sums(t, np.log(150.0) + t * math.log(2) / 300
-                                    + 0.01 * rng.standard_normal(len(t)))
+    length = length._replace(trend_s=_trend_sums(
+        t, np.log(150.0) + t * math.log(2) / 300 + 0.01 * rng.standard_normal(len(t))))
     assert length_trend(length) == pytest.approx(math.log(2) / 300, rel=0.05)
     # Flat lengths with heavy noise (e.g. a bimodal prompt mix): the fitted slope is within
     # two standard errors of 0 and counts as no trend.
-    length["trend_s"] = _trend_sums(t, np.log(150.0) + 0.5 * rng.standard_normal(len(t)))
+    length = length._replace(
+        trend_s=_trend_sums(t, np.log(150.0) + 0.5 * rng.standard_normal(len(t))))
     assert length_trend(length) == 0.0
-    length["trend_s"] = _trend_sums(t[:10], np.log(150.0) + t[:10] / 100)  # too few steps
+    # Too few steps:
+    length = length._replace(trend_s=_trend_sums(t[:10], np.log(150.0) + t[:10] / 100))
     assert length_trend(length) == 0.0
 
 
 def test_cost_growth_follows_the_trend_within_decode_limits():
     cfg = SAGCConfig()
     state = init_state(cfg, horizon=1000)
-    state["length"]["exp_steps"][:] = 400.0
-    state["cost"]["max_new_tokens"], state["cost"]["decode_chunk"] = np.array(1600), np.array(16)
+    state.length.exp_steps[:] = 400.0
+    state = with_fields(state, "cost", max_new_tokens=np.array(1600), decode_chunk=np.array(16))
     assert cost_growth(cfg, state, 500) == 500.0  # no trend yet: the current cost lasts
     t = np.arange(0.0, 100.0)
     rho = math.log(2) / 100
-    state["length"]["trend_s"] = _trend_sums(t, np.log(100.0) + rho * t)
+    state = with_fields(state, "length", trend_s=_trend_sums(t, np.log(100.0) + rho * t))
     # Doubling every 100 steps from 400 decode steps: x4 (the 1600-token cap) after 200.
     want = sum(min(math.exp(rho * k), 4.0) for k in range(1, 501))
     assert cost_growth(cfg, state, 500) == pytest.approx(want, rel=1e-3)
     with override_constants(trend_half_life_x=0.0):  # no trend memory: flat
         assert cost_growth(cfg, state, 500) == 500.0
     # Shrinking lengths: down to one decode chunk at most.
-    state["length"]["trend_s"] = _trend_sums(t, np.log(100.0) - rho * t)
+    state = with_fields(state, "length", trend_s=_trend_sums(t, np.log(100.0) - rho * t))
     want = sum(max(math.exp(-rho * k), 16 / 400) for k in range(1, 501))
     assert cost_growth(cfg, state, 500) == pytest.approx(want, rel=1e-3)
     # Growth makes the future's seconds dearer, so λ (benefit per second) falls.
-    state["decision"]["step"] = np.array(100)
-    state["benefit"]["total_s"] = np.array([800.0, 1000.0])
-    state["benefit"]["rate_now"] = np.array([80.0, 100.0, 10.0])
+    state = with_fields(state, "decision", step=np.array(100))
+    state = with_fields(state, "benefit", total_s=np.array([800.0, 1000.0]))
+    state = with_fields(state, "benefit", rate_now=np.array([80.0, 100.0, 10.0]))
     ben, cost = np.array([5.0, 8.0]), np.array([10.0, 20.0])
     with override_constants(trend_half_life_x=0.0):
         flat = benefit_rate(cfg, state, ben, cost)
-    state["length"]["trend_s"] = _trend_sums(t, np.log(100.0) + rho * t)
+    state = with_fields(state, "length", trend_s=_trend_sums(t, np.log(100.0) + rho * t))
     assert benefit_rate(cfg, state, ben, cost) < 0.5 * flat
 
 
@@ -574,7 +589,7 @@ def test_a_detected_change_restarts_the_length_trend():
         pol.choose()
         pol.observe(run_step(sim, sim.workload.draw(t), pol.last_info["g"])[0])
         if t == 79:
-            assert length_trend(pol.state["length"]) == 0.0  # flat lengths: no trend
-    assert int(pol.state["change"]["changes"]) >= 1
-    assert pol.state["length"]["trend_s"][0] < 80  # weight only since the change
-    assert abs(length_trend(pol.state["length"])) < 1e-3
+            assert length_trend(pol.state.length) == 0.0  # flat lengths: no trend
+    assert int(pol.state.change.changes) >= 1
+    assert pol.state.length.trend_s[0] < 80  # weight only since the change
+    assert abs(length_trend(pol.state.length)) < 1e-3

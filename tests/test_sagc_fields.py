@@ -39,6 +39,7 @@ from sagc_jax.sagc.controller import LAYOUT, normalize_state, record_choice
 from sagc_jax.sagc.estimators import batch_prompts, posterior_risk
 from sagc_jax.sagc.events import tail_share
 from sagc_jax.sagc.observation import observation_from
+from sagc_jax.sagc.state import Budget, SAGCState, as_dict, with_fields
 from sagc_jax.sagc.timing import DEFAULT_TIMING, TimeModel
 from sagc_jax.sagc.updates import budget_update
 
@@ -60,11 +61,11 @@ def _obs(lengths, g: int, *, truncated=None, rewards=None, timed: bool = False, 
 def _decided(cfg: SAGCConfig, a, b, *, g_idx: int | None = None, queue: float = 0.0):
     """A state past warm-up with risk pseudo-counts a, b and queue Q (no timing yet)."""
     st = init_state(cfg)
-    st["decision"]["step"] = np.array(cfg.warmup_steps + 10, np.int64)
-    st["decision"]["g_idx"] = np.array(len(cfg.group_sizes) - 1 if g_idx is None else g_idx)
-    st["risk"]["a"], st["risk"]["b"] = np.asarray(a, float), np.asarray(b, float)
-    st["budget"]["queue"] = np.array(float(queue))
-    return st
+    last = len(cfg.group_sizes) - 1 if g_idx is None else g_idx
+    st = with_fields(st, "decision", step=np.array(cfg.warmup_steps + 10, np.int64),
+                     g_idx=np.array(last, np.int64))
+    st = with_fields(st, "risk", a=np.asarray(a, float), b=np.asarray(b, float))
+    return with_fields(st, "budget", queue=np.array(float(queue)))
 
 
 # A group of 4 with max/median = 2.5: an event at tau 2, none at tau 3; tail share 0.6.
@@ -81,15 +82,15 @@ def test_enabled_false_holds_initial_group_size():
     for _ in range(3):
         assert pol.choose() == 12
         pol.observe(_obs(np.full(24, 10), 12))
-    assert int(pol.state["decision"]["step"]) == 3 and pol.last_info["reason"] == "static"
+    assert int(pol.state.decision.step) == 3 and pol.last_info["reason"] == "static"
 
 
 def test_group_sizes_and_initial_group_size_shape_and_validate():
     cfg = SAGCConfig(group_sizes=(2, 8, 1024), initial_group_size=8)
     st = init_state(cfg)
-    assert st["risk"]["a"].shape == (3,) and st["benefit"]["pass_hist"].shape == (3, 1025)
-    assert int(st["decision"]["g_idx"]) == 1  # initial_group_size's rung
-    assert st["length"]["eps_ring"].shape == (4096,)  # max(2048, 4 x 1024)
+    assert st.risk.a.shape == (3,) and st.benefit.pass_hist.shape == (3, 1025)
+    assert int(st.decision.g_idx) == 1  # initial_group_size's rung
+    assert st.length.eps_ring.shape == (4096,)  # max(2048, 4 x 1024)
     assert window_rows(SAGCConfig()) == 2048
     for kw, msg in [
         ({"group_sizes": ()}, "sagc.group_sizes: must not be empty"),
@@ -107,23 +108,23 @@ def test_straggler_switches_the_constrained_cost():
     assert ts.straggler == "tail_share"  # the default
     new_ts = observe(ts, init_state(ts), obs)
     new_gr = observe(gr, init_state(gr), obs)
-    assert float(new_ts["budget"]["last_rate"]) == pytest.approx((15 / 25 + 0.0) / 2)
-    assert float(new_gr["budget"]["last_rate"]) == 0.5  # one group of two has an event
+    assert float(new_ts.budget.last_rate) == pytest.approx((15 / 25 + 0.0) / 2)
+    assert float(new_gr.budget.last_rate) == 0.5  # one group of two has an event
     # The observed rung's risk evidence is the same cost, group by group.
     i4 = ts.group_sizes.index(4)
-    assert new_ts["risk"]["last"][i4] == pytest.approx(tail_share(np.array(ONE_TAIL)).mean())
-    assert new_gr["risk"]["last"][i4] == 0.5
+    assert new_ts.risk.last[i4] == pytest.approx(tail_share(np.array(ONE_TAIL)).mean())
+    assert new_gr.risk.last[i4] == 0.5
 
 
 def test_tau_decides_which_groups_are_events():
     obs = _obs(ONE_TAIL, 4)
     for tau, rate in ((2.0, 0.5), (3.0, 0.0)):
         cfg = SAGCConfig(**GR, tau=tau)
-        assert float(observe(cfg, init_state(cfg), obs)["budget"]["last_rate"]) == rate
+        assert float(observe(cfg, init_state(cfg), obs).budget.last_rate) == rate
     # tail_share ignores tau.
     a, b = SAGCConfig(tau=2.0), SAGCConfig(tau=3.0)
-    assert observe(a, init_state(a), obs)["budget"]["last_rate"] == observe(
-        b, init_state(b), obs)["budget"]["last_rate"]
+    assert observe(a, init_state(a), obs).budget.last_rate == observe(
+        b, init_state(b), obs).budget.last_rate
 
 
 def test_no_budget_by_default_and_a_stated_budget_binds():
@@ -136,8 +137,8 @@ def test_no_budget_by_default_and_a_stated_budget_binds():
     # and the choice its argmax over the reachable rungs.
     free = SAGCConfig(**GR, risk="mean")
     st = observe(free, init_state(free), _obs(ONE_TAIL, 4))
-    assert float(st["budget"]["queue"]) == 0 == float(st["budget"]["credit"])
-    assert float(st["budget"]["last_rate"]) == 0.5
+    assert float(st.budget.queue) == 0 == float(st.budget.credit)
+    assert float(st.budget.last_rate) == 0.5
     g, info = choose(free, _decided(free, [0.5, 0.5, 9.5, 14.5], [99.5, 99.5, 90.5, 85.5]))
     assert all(info["feasible"]) and info["risk_cap"] is None
     np.testing.assert_allclose(info["score"], free.V * np.array(info["J"]))
@@ -152,7 +153,7 @@ def test_no_budget_by_default_and_a_stated_budget_binds():
     obs = _obs(ONE_TAIL, 4)
     for delta in (0.1, 0.3):
         cfg = SAGCConfig(**GR, delta=delta)
-        q = float(observe(cfg, init_state(cfg), obs)["budget"]["queue"])
+        q = float(observe(cfg, init_state(cfg), obs).budget.queue)
         assert q == pytest.approx(0.5 - delta)
     # Feasible rungs are those with risk <= delta (no credit): delta moves the cut.
     for delta, n_feasible in ((0.05, 2), (0.2, 4)):
@@ -180,19 +181,19 @@ def test_half_life_sets_every_memory():
     for hl in (10.0, 100.0):
         cfg = SAGCConfig(half_life=hl, delta=0.6)
         st = init_state(cfg)
-        st["benefit"]["pass_hist"][1, 3] = 2.0
-        st["benefit"]["rate_s"] = np.array([1.0, 2.0])
-        st["length"]["trunc_s"] = np.array([100.0, 4.0])
+        st.benefit.pass_hist[1, 3] = 2.0  # a fresh state's own array: written in place
+        st = with_fields(st, "benefit", rate_s=np.array([1.0, 2.0]))
+        st = with_fields(st, "length", trunc_s=np.array([100.0, 4.0]))
         new = observe(cfg, st, obs)
         lam = 0.5 ** (1 / hl)
-        assert new["benefit"]["pass_hist"][1, 3] == pytest.approx(2.0 * lam)  # unobserved rung
-        np.testing.assert_allclose(new["length"]["trunc_s"], lam * np.array([100.0, 4.0]) + [16, 0])
+        assert new.benefit.pass_hist[1, 3] == pytest.approx(2.0 * lam)  # unobserved rung
+        np.testing.assert_allclose(new.length.trunc_s, lam * np.array([100.0, 4.0]) + [16, 0])
         lam_r = 0.5 ** (1 / (5 * hl))  # the benefit rate remembers 5 x longer
         assert rate_half_life(cfg) == 5 * hl
-        assert new["benefit"]["rate_s"][0] == pytest.approx(lam_r * 1.0 + 4 * 0.75)  # 4 groups
+        assert new.benefit.rate_s[0] == pytest.approx(lam_r * 1.0 + 4 * 0.75)  # 4 groups
         # The credit horizon is 3 x half_life.
         st2 = _decided(cfg, [0.5] * 4, [99.5] * 4)
-        st2["budget"]["credit"] = np.array(6.0)
+        st2 = with_fields(st2, "budget", credit=np.array(6.0))
         assert choose(cfg, st2)[1]["risk_cap"] == pytest.approx(cfg.delta + 6.0 / (3 * hl))
 
 
@@ -224,8 +225,7 @@ def test_warmup_steps_hold_the_initial_group_size():
 
 
 def test_batch_policy_and_rollouts_per_step_set_the_rows():
-    st = init_state(SAGCConfig())
-    st["cost"]["prompts"] = np.array(16)
+    st = with_fields(init_state(SAGCConfig()), "cost", prompts=np.array(16, np.int64))
     assert batch_prompts(SAGCConfig(), st).tolist() == [16] * 4  # prompts: B fixed
     cfg = SAGCConfig(batch_policy="rollouts", rollouts_per_step=96)
     assert (batch_prompts(cfg, st) * np.array(cfg.group_sizes)).tolist() == [96] * 4
@@ -262,7 +262,7 @@ def test_time_model_terms_give_the_linear_cost():
     obs = observation_from(_rollout(8, 4), cfg, max_new_tokens=512, decode_chunk=16)
     st = observe(cfg, init_state(cfg), obs)
     cost = predicted_cost(cfg, st)
-    steps = st["length"]["exp_steps"][1]
+    steps = st.length.exp_steps[1]
     assert cost[1] == pytest.approx(0.2 + 0.05 * rows + steps * (0.01 + 1e-3 * rows))
     # One set of defaults: the simulator's timing block and the section's.
     assert {k: DEFAULT_TIMING[k] for k in tmc} == TimeModelSection().model_dump()
@@ -310,17 +310,17 @@ def test_hard_filter_only_feasible_rungs_and_the_budget_sharing_one():
 
 
 def test_queue_does_not_grow_after_a_no_feasible_step():
-    b = {"queue": np.array(1.0), "credit": np.array(0.0), "last_rate": np.array(0.0)}
-    assert float(budget_update(b, 0.9, 0.1, held=True)["queue"]) == 1.0  # no growth
-    assert float(budget_update(b, 0.0, 0.1, held=True)["queue"]) == pytest.approx(0.9)  # drains
-    assert float(budget_update(b, 0.9, 0.1, held=False)["queue"]) == pytest.approx(1.8)
+    b = Budget(queue=np.array(1.0), credit=np.array(0.0), last_rate=np.array(0.0))
+    assert float(budget_update(b, 0.9, 0.1, held=True).queue) == 1.0  # no growth
+    assert float(budget_update(b, 0.0, 0.1, held=True).queue) == pytest.approx(0.9)  # drains
+    assert float(budget_update(b, 0.9, 0.1, held=False).queue) == pytest.approx(1.8)
     # Through observe: the reason recorded by choose decides.
     cfg = SAGCConfig(**GRB)
     st = _decided(cfg, [50.0] * 4, [50.0] * 4, queue=1.0)
     g, info = choose(cfg, st)
     assert info["reason"] == "no_feasible" and g == 4
     new = observe(cfg, record_choice(st, info), _obs([[10, 10, 10, 30]] * 2, 4))
-    assert float(new["budget"]["queue"]) == 1.0
+    assert float(new.budget.queue) == 1.0
 
 
 # ------------------------------------------------------------------ removed keys, state layout
@@ -362,10 +362,38 @@ def test_old_flat_state_is_refused_in_one_line():
         SAGCPolicy(cfg).load_state(flat)
     # The nested layout is what LAYOUT says, and it restores as is (horizon, seed kept).
     st = init_state(cfg, horizon=77, seed=5)
-    assert {m: tuple(sub) for m, sub in st.items()} == LAYOUT
+    assert {m: tuple(sub) for m, sub in as_dict(st).items()} == LAYOUT
     back = normalize_state(cfg, st)
-    assert int(back["decision"]["horizon"]) == 77 and int(back["decision"]["seed"]) == 5
-    assert REASONS[int(back["decision"]["last_reason"])] == "init"
+    assert int(back.decision.horizon) == 77 and int(back.decision.seed) == 5
+    assert REASONS[int(back.decision.last_reason)] == "init"
+
+
+def test_typed_state_is_a_pytree_and_reads_the_nested_dict_layout():
+    """Issue 49 item 5: the state is one NamedTuple per sub-model. It is a pytree whose leaves
+    are the nested dict's (same names, dtypes, shapes, order); a nested dict as checkpoints
+    since issue 32 hold it (jax arrays, numpy scalars) comes back typed, dtypes restored."""
+    jax = pytest.importorskip("jax")
+    cfg = SAGCConfig()
+    st = init_state(cfg, horizon=40, seed=3)
+    assert isinstance(st, SAGCState) and st._fields == tuple(LAYOUT)
+    assert all(type(sub)._fields == LAYOUT[m] for m, sub in zip(LAYOUT, st))
+    paths = ["/".join(k.name for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(st)[0]]
+    assert paths == [f"{m}/{k}" for m, ks in LAYOUT.items() for k in ks]
+    st = with_fields(st, "budget", queue=np.array(1.5))
+    st.cost.measured[1] = True
+    d = {m: {k: (jax.numpy.asarray(v) if v.ndim else v[()]) for k, v in sub.items()}
+         for m, sub in as_dict(st).items()}  # as Orbax may hand them back
+    back = normalize_state(cfg, d)
+    for m, sub in as_dict(st).items():
+        for k, v in sub.items():
+            got = getattr(getattr(back, m), k)
+            assert isinstance(got, np.ndarray) and got.dtype == v.dtype and got.shape == v.shape
+            np.testing.assert_array_equal(got, v)
+    assert float(back.budget.queue) == 1.5 and back.cost.measured.tolist()[1]
+    with pytest.raises(ValueError, match=r"state budget/queue: shape \(2,\), expected \(\)"):
+        normalize_state(cfg, {**d, "budget": {**d["budget"], "queue": np.zeros(2)}})
+    with pytest.raises(ValueError):  # a typo in a field name is not a silent new field
+        with_fields(st, "budget", qeue=np.array(0.0))
 
 
 def test_constants_patch_in_process():

@@ -70,10 +70,10 @@ def test_controller_feeds_tail_share():
     )
     new = observe(cfg, init_state(cfg), obs)
     # groups [10, 30] and [20, 20]: tail shares (30 - 20) / 30 and 0.
-    assert float(new["budget"]["last_rate"]) == pytest.approx((1 / 3) / 2)
+    assert float(new.budget.last_rate) == pytest.approx((1 / 3) / 2)
     # the observed rung's pseudo-counts are exactly the groups' costs (weight 1 at g = G)
-    assert float(new["risk"]["a"][0]) == pytest.approx(1 / 3)
-    assert float(new["risk"]["b"][0]) == pytest.approx(2 - 1 / 3)
+    assert float(new.risk.a[0]) == pytest.approx(1 / 3)
+    assert float(new.risk.b[0]) == pytest.approx(2 - 1 / 3)
 
 
 def test_real_trace_replay_some_rung_in_budget():

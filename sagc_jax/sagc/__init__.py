@@ -23,13 +23,31 @@ from sagc_jax.sagc.events import (
     straggler_events,
 )
 from sagc_jax.sagc.policy import SAGCPolicy, StaticPolicy, make_policy
+from sagc_jax.sagc.state import (
+    Benefit,
+    Budget,
+    Change,
+    Cost,
+    Decision,
+    Length,
+    Risk,
+    SAGCState,
+)
 from sagc_jax.shapes import prompts_for  # the shape plan's rule, re-exported
 
 __all__ = [
     "REASONS",
+    "Benefit",
+    "Budget",
+    "Change",
+    "Cost",
+    "Decision",
+    "Length",
     "Observation",
+    "Risk",
     "SAGCConfig",
     "SAGCPolicy",
+    "SAGCState",
     "State",
     "StaticPolicy",
     "choose",

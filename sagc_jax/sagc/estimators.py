@@ -4,8 +4,8 @@ Risk (Beta posteriors per rung), cost (seconds per step from per-shape timings a
 "median x residual" length model), benefit (informative groups per step from a pass-rate
 mixture refined from a Beta), the batch policy, and the ring buffers they read. Pure functions
 of (config, state); the config is an ``SAGCConfig`` (typed loosely here to keep the import graph
-acyclic), the state the controller's nested dict (``controller.init_state``: one sub-dict per
-sub-model) or, where a function reads one sub-model only, that sub-dict. The fixed internals
+acyclic), the state an ``SAGCState`` (``state.py``: one typed sub-state per sub-model) or, where
+a function reads one sub-model only, that sub-state. The fixed internals
 (priors, EM steps, memories) are :mod:`sagc_jax.config.sagc_constants`.
 """
 
@@ -20,10 +20,8 @@ from scipy.special import betainc, betaincinv
 
 from sagc_jax.config.sagc import risk_level
 from sagc_jax.config.sagc_constants import constants, trend_half_life
+from sagc_jax.sagc.state import Length, State
 from sagc_jax.shapes import prompts_for
-
-State = dict[str, dict[str, np.ndarray]]  # sub-model name -> its arrays
-Sub = dict[str, np.ndarray]  # one sub-model's arrays
 
 
 def ring_put(ring: np.ndarray, seen: int, values: np.ndarray) -> np.ndarray:
@@ -47,11 +45,11 @@ def ring_view(ring: np.ndarray, seen: int, since: int = 0) -> np.ndarray:
 
 def batch_prompts(cfg: Any, state: State) -> np.ndarray:
     """Prompts per step B(g) for every candidate: int [K]."""
-    b = max(int(state["cost"]["prompts"]), 1)
+    b = max(int(state.cost.prompts), 1)
     return np.array([prompts_for(cfg, g, b) for g in cfg.group_sizes], np.int64)
 
 
-def _trunc_beta(length: Sub) -> tuple[float, float]:
+def _trunc_beta(length: Length) -> tuple[float, float]:
     """Beta posterior (a, b) of the per-row truncation rate in the current regime.
 
     Prior: the whole run's pooled rate (itself with ``trunc_pooled_prior`` pseudo-counts),
@@ -59,17 +57,17 @@ def _trunc_beta(length: Sub) -> tuple[float, float]:
     begun is a priori like the run so far, not free of loops.
     """
     c = constants()
-    all_rows, all_trunc = length["trunc_total"]
+    all_rows, all_trunc = length.trunc_total
     p_a, p_n = c.trunc_pooled_prior
     p0 = (float(all_trunc) + p_a) / (float(all_rows) + p_n)
-    rows, trunc = length["trunc_s"]
+    rows, trunc = length.trunc_s
     a = float(trunc) + c.trunc_prior_rows * p0
     b = max(float(rows - trunc), 0.0) + c.trunc_prior_rows * (1.0 - p0)
     return a, b
 
 
-def truncation_rate(length: Sub) -> float:
-    """Per-row truncation rate (the length model's sub-dict -> a probability): the posterior
+def truncation_rate(length: Length) -> float:
+    """Per-row truncation rate (the length model's sub-state -> a probability): the posterior
     mean of ``_trunc_beta``."""
     a, b = _trunc_beta(length)
     return a / (a + b)
@@ -88,12 +86,12 @@ def expected_decode_steps(
     `mc` bootstrap draws (None: the constant ``mc_samples``).
     """
     mc = constants().mc_samples if mc is None else mc
-    ln, co = state["length"], state["cost"]
-    eps = ring_view(ln["eps_ring"], ln["rows_seen"], ln["rows_since"])
+    ln, co = state.length, state.cost
+    eps = ring_view(ln.eps_ring, ln.rows_seen, ln.rows_since)
     eps = eps if len(eps) else np.ones(1)
-    meds = ring_view(ln["med_ring"], ln["groups_seen"], ln["groups_since"])
-    chunk = float(max(int(co["decode_chunk"]), 1))
-    cap = math.ceil(float(co["max_new_tokens"]) / chunk) * chunk
+    meds = ring_view(ln.med_ring, ln.groups_seen, ln.groups_since)
+    chunk = float(max(int(co.decode_chunk), 1))
+    cap = math.ceil(float(co.max_new_tokens) / chunk) * chunk
     p_tr = truncation_rate(ln)
     bs = batch_prompts(cfg, state)
     gmax, bmax = max(cfg.group_sizes), int(bs.max())
@@ -110,11 +108,11 @@ def expected_decode_steps(
 
 def posterior_risk(cfg: Any, state: State, mean: bool = False) -> np.ndarray:
     """Risk per candidate: Beta posterior mean or upper quantile (``cfg.risk``; ``mean=True``
-    forces the mean) of the discounted pseudo-counts ``state["risk"]["a"/"b"]`` plus the
+    forces the mean) of the discounted pseudo-counts ``state.risk.a`` / ``.b`` plus the
     Jeffreys prior. Probabilities (or mean tail shares), float [K]."""
     c = constants()
-    a = c.prior_a + state["risk"]["a"]
-    b = c.prior_b + state["risk"]["b"]
+    a = c.prior_a + state.risk.a
+    b = c.prior_b + state.risk.b
     q = None if mean else risk_level(cfg.risk)
     if q is None:
         return a / (a + b)
@@ -147,13 +145,13 @@ def predicted_cost(cfg: Any, state: State) -> np.ndarray:
     Without any timing yet, t_dec = 1 and prefill = 0 (cost in decode-step units).
     """
     rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
-    co = state["cost"]
-    meas = co["measured"]
-    pre = np.nan_to_num(_interp_rows(rows, meas, co["prefill_s"]), nan=0.0)
-    dec = np.nan_to_num(_interp_rows(rows, meas, co["decode_step_s"]), nan=1.0)
-    steps = state["length"]["exp_steps"]
+    co = state.cost
+    meas = co.measured
+    pre = np.nan_to_num(_interp_rows(rows, meas, co.prefill_s), nan=0.0)
+    dec = np.nan_to_num(_interp_rows(rows, meas, co.decode_step_s), nan=1.0)
+    steps = state.length.exp_steps
     if not (steps > 0).all():
-        steps = np.full(len(rows), float(max(int(co["max_new_tokens"]), 1)))
+        steps = np.full(len(rows), float(max(int(co.max_new_tokens), 1)))
     return pre + steps * dec
 
 
@@ -165,7 +163,7 @@ def pass_rate_beta(cfg: Any, state: State) -> tuple[float, float]:
     """
     s0, s1, s2 = 2.0, 1.0, 2.0 / 3.0
     for i, g in enumerate(cfg.group_sizes):
-        h, k = state["benefit"]["pass_hist"][i, : g + 1], np.arange(g + 1.0)
+        h, k = state.benefit.pass_hist[i, : g + 1], np.arange(g + 1.0)
         s0 += h.sum()
         s1 += (h * k).sum() / g
         s2 += (h * k * (k - 1)).sum() / (g * (g - 1))
@@ -211,7 +209,7 @@ def pass_rate_mixture(cfg: Any, state: State) -> np.ndarray:
     a, b = pass_rate_beta(cfg, state)
     w = np.diff(_beta_cdf(a, b, _PASS_EDGES))
     w = np.maximum(w, 1e-300) / w.sum()
-    hist = state["benefit"]["pass_hist"]
+    hist = state.benefit.pass_hist
     n = float(hist.sum())
     iters = constants().pass_em_iters
     if n <= 0.0 or iters == 0:
@@ -273,7 +271,7 @@ def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
     return float(((k > 0) & (k < g)).sum()) * (1.0 - 1.0 / g)
 
 
-def length_trend(length: Sub, min_weight: float | None = None, z: float | None = None) -> float:
+def length_trend(length: Length, min_weight: float | None = None, z: float | None = None) -> float:
     """Per-step growth rate of the median completion length within the regime, 1/step.
 
     The slope of the discounted least-squares fit of log median length on step
@@ -285,7 +283,7 @@ def length_trend(length: Sub, min_weight: float | None = None, z: float | None =
     c = constants()
     min_weight = c.trend_min_weight if min_weight is None else min_weight
     z = c.trend_z if z is None else z
-    w, st, stt, sy, sty, syy = length["trend_s"]
+    w, st, stt, sy, sty, syy = length.trend_s
     sxx = stt - st * st / max(w, 1e-12)
     if w < min_weight or sxx <= 1e-9 * max(stt, 1.0):
         return 0.0
@@ -300,12 +298,12 @@ def cost_growth(cfg: Any, state: State, h: int) -> float:
     a trend; with a trend memory (3 x half_life), f_k = exp(ρ k) for the length trend ρ, clipped to
     [chunk / E[steps], cap / E[steps]] at the current rung (decode can neither end before one
     chunk nor run past max_new_tokens)."""
-    rho = length_trend(state["length"]) if trend_half_life(cfg) else 0.0
+    rho = length_trend(state.length) if trend_half_life(cfg) else 0.0
     if rho == 0.0:
         return float(h)
-    steps_now = float(state["length"]["exp_steps"][int(state["decision"]["g_idx"])])
-    chunk = float(max(int(state["cost"]["decode_chunk"]), 1))
-    cap = math.ceil(float(state["cost"]["max_new_tokens"]) / chunk) * chunk
+    steps_now = float(state.length.exp_steps[int(state.decision.g_idx)])
+    chunk = float(max(int(state.cost.decode_chunk), 1))
+    cap = math.ceil(float(state.cost.max_new_tokens) / chunk) * chunk
     if steps_now <= 0:
         return float(h)
     bound = cap / steps_now if rho > 0 else chunk / steps_now
@@ -322,7 +320,7 @@ def benefit_rate(cfg: Any, state: State, benefit: np.ndarray, cost: np.ndarray) 
 
     benefit, cost: predicted per-step benefit and seconds at each rung, float [K] (used only
     before the first timed step: then λ is the best predicted benefit/cost). With a known
-    horizon (``state["decision"]["horizon"]`` > 0, the run's steps): the rate the run would
+    horizon (``state.decision.horizon`` > 0, the run's steps): the rate the run would
     end at if the recent past (``rate_now``, half-life
     ``half_life``) lasted for the H = horizon - step steps left, (B + H b) / (C + H c) with
     B, C the run's realised totals and b, c the recent per-step means — the certainty
@@ -332,13 +330,13 @@ def benefit_rate(cfg: Any, state: State, benefit: np.ndarray, cost: np.ndarray) 
     discounted realised rate (``rate_s``, half-life 5 x half_life).
     """
     ratio = float((benefit / np.maximum(cost, 1e-12)).max())
-    bf, dec = state["benefit"], state["decision"]
-    ben_now, sec_now, n_now = bf["rate_now"]
-    horizon = int(dec["horizon"])
+    bf, dec = state.benefit, state.decision
+    ben_now, sec_now, n_now = bf.rate_now
+    horizon = int(dec.horizon)
     if horizon > 0 and sec_now > 0:
-        big_b, big_c = bf["total_s"]
-        h = max(horizon - int(dec["step"]), 1)
+        big_b, big_c = bf.total_s
+        h = max(horizon - int(dec.step), 1)
         future_c = sec_now / n_now * cost_growth(cfg, state, h)
         return float((big_b + h * ben_now / n_now) / (big_c + future_c))
-    ben, sec = bf["rate_s"]
+    ben, sec = bf.rate_s
     return float(ben / sec) if sec > 0 and ben > 0 else ratio

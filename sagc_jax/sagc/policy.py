@@ -1,6 +1,6 @@
 """Trainer-facing SAGC wrappers: ``SAGCPolicy`` (adaptive), ``StaticPolicy`` (fixed g),
 ``make_policy`` and the batch policy ``prompts_for``. They hold the pure controller state
-(``controller.py``) and expose ``choose() -> g`` / ``observe(obs) -> metrics`` /
+(an ``SAGCState``, ``state.py``) and expose ``choose() -> g`` / ``observe(obs) -> metrics`` /
 ``load_state(restored)``. The run's length (``horizon``) and, in the simulator, the seed of the
 controller's draws are passed when a policy is built; they live in its state.
 """
@@ -49,15 +49,16 @@ class SAGCPolicy:
         self.state = observe(self.cfg, self.state, obs)
         risk = posterior_risk(self.cfg, self.state)
         metrics: dict[str, Any] = {
-            "straggler_rate": float(self.state["budget"]["last_rate"]),
-            "sagc_queue": float(self.state["budget"]["queue"]),
-            "sagc_reason": REASONS[int(self.state["decision"]["last_reason"])],
+            "straggler_rate": float(self.state.budget.last_rate),
+            "sagc_queue": float(self.state.budget.queue),
+            "sagc_reason": REASONS[int(self.state.decision.last_reason)],
         }
         for g, r in zip(self.cfg.group_sizes, risk):
             metrics[f"risk_g{g}"] = float(r)
         return metrics
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: State | dict[str, Any]) -> None:
+        """Adopt a restored state: a checkpoint's nested dict or a typed ``SAGCState``."""
         self.state = normalize_state(self.cfg, state)
 
 
@@ -75,13 +76,15 @@ class StaticPolicy:
 
     def observe(self, obs: Observation) -> dict[str, Any]:
         rate = step_straggler_rate(self.cfg, obs)
-        dec = {**self.state["decision"],
-               "step": np.array(int(self.state["decision"]["step"]) + 1, np.int64)}
-        budget = {**self.state["budget"], "last_rate": np.array(rate)}
-        self.state = {**self.state, "decision": dec, "budget": budget}
+        st = self.state
+        self.state = st._replace(
+            decision=st.decision._replace(step=np.array(int(st.decision.step) + 1, np.int64)),
+            budget=st.budget._replace(last_rate=np.array(rate)),
+        )
         return {"straggler_rate": rate, "sagc_queue": 0.0, "sagc_reason": "static"}
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: State | dict[str, Any]) -> None:
+        """Adopt a restored state: a checkpoint's nested dict or a typed ``SAGCState``."""
         self.state = normalize_state(self.cfg, state)
 
 

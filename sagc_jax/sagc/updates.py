@@ -1,7 +1,8 @@
 """One small pure update per SAGC sub-model; ``controller.observe`` composes them.
 
-Each takes the sub-model's sub-dict of the state (``controller.init_state``: numpy arrays with
-static shapes) and one step's observation, and returns a new sub-dict (inputs are never written).
+Each takes the sub-model's sub-state (``state.py``: a NamedTuple of numpy arrays with static
+shapes) and one step's observation, and returns a new sub-state built with ``_replace`` (inputs
+are never written: an array to be changed in place is copied first).
 Shapes: K rungs (``sagc.group_sizes``), one step of P groups of G rows (``lengths``,
 ``truncated``, ``rewards``: [P, G], lengths in tokens floored at 1). The math is in docs/sagc.md.
 """
@@ -14,7 +15,6 @@ import numpy as np
 
 from sagc_jax.config.sagc_constants import constants
 from sagc_jax.sagc.estimators import (
-    Sub,
     binom_llr2,
     realised_benefit,
     ring_put,
@@ -22,13 +22,10 @@ from sagc_jax.sagc.estimators import (
     truncation_rate,
 )
 from sagc_jax.sagc.events import Observation, counterfactual_risk, counterfactual_tail_share
+from sagc_jax.sagc.state import Benefit, Budget, Change, Cost, Length, Risk
 
 
-def _copy(sub: Sub) -> Sub:
-    return {k: np.array(v, copy=True) for k, v in sub.items()}
-
-
-def budget_update(budget: Sub, rate: float, delta: float | None, held: bool) -> Sub:
+def budget_update(budget: Budget, rate: float, delta: float | None, held: bool) -> Budget:
     """The virtual queue Q and the saved credit (both in units of the straggler cost x steps).
 
     ``rate``: this step's mean straggler cost s_t (unitless). One signed balance: debt is the
@@ -37,46 +34,46 @@ def budget_update(budget: Sub, rate: float, delta: float | None, held: bool) -> 
     repaid by over-throttling once the tail lightens, so the queue does not grow (it drains).
     ``delta`` None (no budget): only ``last_rate`` is recorded; queue and credit stay 0.
     """
-    new = _copy(budget)
-    new["last_rate"] = np.array(rate)
+    new = budget._replace(last_rate=np.array(rate))
     if delta is None:
         return new
     excess = min(rate - delta, 0.0) if held else rate - delta
-    balance = min(float(budget["credit"]) - float(budget["queue"]) - excess, constants().credit_cap)
-    new["queue"] = np.array(max(0.0, -balance))
-    new["credit"] = np.array(max(0.0, balance))
-    return new
+    balance = min(float(budget.credit) - float(budget.queue) - excess, constants().credit_cap)
+    return new._replace(queue=np.array(max(0.0, -balance)), credit=np.array(max(0.0, balance)))
 
 
 def length_update(
-    length: Sub, lengths: np.ndarray, truncated: np.ndarray, lam_len: float
-) -> tuple[Sub, np.ndarray, float]:
+    length: Length, lengths: np.ndarray, truncated: np.ndarray, lam_len: float
+) -> tuple[Length, np.ndarray, float]:
     """The "median x residual" length model: residual ring (untruncated row length / its group
     median, unitless), group-median ring (tokens), discounted (factor ``lam_len`` per step) and
     run-long per-row truncation sums [rows, truncated rows], and this step's row of ``hist_tr``
     [rows, truncated rows, groups] for change detection.
 
-    Returns (new sub-dict, the residual pool the risk model extends groups with [N], the per-row
+    Returns (new sub-state, the residual pool the risk model extends groups with [N], the per-row
     truncation rate in the current regime).
     """
-    new = _copy(length)
     p_groups, _ = lengths.shape
     rows = lengths.size
     med = np.median(lengths, axis=-1)
     eps = (lengths / med[:, None])[~truncated]
-    seen = int(length["rows_seen"])
+    seen = int(length.rows_seen)
+    new = length
     if len(eps):
-        new["eps_ring"] = ring_put(length["eps_ring"], seen, eps)
-        new["rows_seen"] = np.array(seen + len(eps), np.int64)
+        new = new._replace(eps_ring=ring_put(length.eps_ring, seen, eps),
+                           rows_seen=np.array(seen + len(eps), np.int64))
     tr_step = np.array([rows, truncated.sum()], np.float64)
-    new["trunc_s"] = lam_len * length["trunc_s"] + tr_step
-    new["trunc_total"] = length["trunc_total"] + tr_step
-    new["hist_tr"] = np.roll(length["hist_tr"], 1, axis=0)
-    new["hist_tr"][0] = [rows, truncated.sum(), p_groups]
-    gseen = int(length["groups_seen"])
-    new["med_ring"] = ring_put(length["med_ring"], gseen, med)
-    new["groups_seen"] = np.array(gseen + p_groups, np.int64)
-    pool_eps = ring_view(new["eps_ring"], new["rows_seen"], length["rows_since"])
+    hist_tr = np.roll(length.hist_tr, 1, axis=0)
+    hist_tr[0] = [rows, truncated.sum(), p_groups]
+    gseen = int(length.groups_seen)
+    new = new._replace(
+        trunc_s=lam_len * length.trunc_s + tr_step,
+        trunc_total=length.trunc_total + tr_step,
+        hist_tr=hist_tr,
+        med_ring=ring_put(length.med_ring, gseen, med),
+        groups_seen=np.array(gseen + p_groups, np.int64),
+    )
+    pool_eps = ring_view(new.eps_ring, new.rows_seen, length.rows_since)
     if len(pool_eps) == 0:  # nothing untruncated seen yet: residual 1 (tight groups)
         pool_eps = np.ones(1)
     return new, pool_eps, truncation_rate(new)
@@ -112,7 +109,7 @@ def rung_cost(
 
 def risk_update(
     cfg: Any,
-    risk: Sub,
+    risk: Risk,
     lengths: np.ndarray,
     truncated: np.ndarray,
     rng: np.random.Generator,
@@ -120,7 +117,7 @@ def risk_update(
     p_tr: float,
     max_new: int,
     lam: float,
-) -> Sub:
+) -> Risk:
     """Counterfactual risk of every rung, folded into discounted Beta pseudo-counts ``a`` / ``b``
     [K] (events / non-events, or tail shares / their complement), plus this step's own sums
     (row 0 of ``hist_a`` / ``hist_n`` [change_window, K]) and ``last`` [K] (diagnostic).
@@ -130,25 +127,26 @@ def risk_update(
     less because it is not, so direct observations of g override it within a few steps. The
     draws come from ``rng`` in rung order (the controller's common random numbers).
     """
-    new = _copy(risk)
     g = lengths.shape[1]
     power = constants().extrapolation_power
-    new["hist_a"] = np.roll(risk["hist_a"], 1, axis=0)
-    new["hist_n"] = np.roll(risk["hist_n"], 1, axis=0)
+    a, b, last = risk.a.copy(), risk.b.copy(), risk.last.copy()
+    hist_a = np.roll(risk.hist_a, 1, axis=0)
+    hist_n = np.roll(risk.hist_n, 1, axis=0)
     for i, gc in enumerate(cfg.group_sizes):
         r = rung_cost(cfg, lengths, truncated, gc, rng, pool_eps, p_tr, max_new)
         w = min(1.0, g / gc) ** power
-        new["a"][i] = lam * risk["a"][i] + w * r.sum()
-        new["b"][i] = lam * risk["b"][i] + w * (1.0 - r).sum()
-        new["hist_a"][0, i] = w * r.sum()
-        new["hist_n"][0, i] = w * len(r)
-        new["last"][i] = r.mean()
-    return new
+        a[i] = lam * risk.a[i] + w * r.sum()
+        b[i] = lam * risk.b[i] + w * (1.0 - r).sum()
+        hist_a[0, i] = w * r.sum()
+        hist_n[0, i] = w * len(r)
+        last[i] = r.mean()
+    return Risk(a=a, b=b, last=last, hist_a=hist_a, hist_n=hist_n)
 
 
 def change_update(
-    risk_old: Sub, risk: Sub, length_old: Sub, length: Sub, change: Sub, i_g: int, step: int
-) -> tuple[Sub, Sub, Sub]:
+    risk_old: Risk, risk: Risk, length_old: Length, length: Length, change: Change, i_g: int,
+    step: int,
+) -> tuple[Risk, Length, Change]:
     """Change detection, a windowed generalised likelihood-ratio test.
 
     For the last 1, 2, 4, ... steps (up to the constant change_window), compare the window's
@@ -159,16 +157,15 @@ def change_update(
     the long-memory statistics restart from the triggering window's sums alone and the length
     model reads only rows since that window began, so the controller follows a new regime within
     a few steps, yet averages long within one. ``step``: the observation's index (0-based), only
-    called after warm-up. Returns new (risk, length, change) sub-dicts.
+    called after warm-up. Returns new (risk, length, change) sub-states.
     """
     c = constants()
-    risk, length, change = _copy(risk), _copy(length), _copy(change)
-    reg_a, reg_n = risk_old["a"], risk_old["a"] + risk_old["b"]
-    reg_rows, reg_tr = length_old["trunc_s"]
+    reg_a, reg_n = risk_old.a, risk_old.a + risk_old.b
+    reg_rows, reg_tr = length_old.trunc_s
     # Windows never reach back past the last change: that data belongs to the old regime.
-    age = step - int(change["change_step"]) + 1
+    age = step - int(change.change_step) + 1
     filled = min(age, c.change_window)
-    hist_a, hist_n, hist_tr = risk["hist_a"], risk["hist_n"], length["hist_tr"]
+    hist_a, hist_n, hist_tr = risk.hist_a, risk.hist_n, length.hist_tr
     best, best_w = 0.0, 0
     w = 1
     while w <= filled:
@@ -187,44 +184,42 @@ def change_update(
         if llr > best:
             best, best_w = llr, w
         w *= 2
-    change["last_llr"] = np.array(best)
+    change = change._replace(last_llr=np.array(best))
     if best > c.change_threshold:
         a, n = hist_a[:best_w].sum(0), hist_n[:best_w].sum(0)
-        risk["a"], risk["b"] = a, n - a
+        risk = risk._replace(a=a, b=n - a)
         rows_w, trunc_w, groups_w = hist_tr[:best_w].sum(0)
-        length["trunc_s"] = np.array([rows_w, trunc_w])
-        change["changes"] = np.array(int(change["changes"]) + 1, np.int64)
-        change["change_step"] = np.array(step + 1 - best_w, np.int64)
+        change = change._replace(changes=np.array(int(change.changes) + 1, np.int64),
+                                 change_step=np.array(step + 1 - best_w, np.int64))
         # The length model forgets the old regime too: it reads only rows since the window.
         untruncated = int(rows_w - trunc_w)  # the residual ring holds untruncated rows only
-        length["rows_since"] = np.array(max(int(length["rows_seen"]) - untruncated, 0), np.int64)
-        length["groups_since"] = np.array(
-            max(int(length["groups_seen"]) - int(groups_w), 0), np.int64
+        length = length._replace(
+            trunc_s=np.array([rows_w, trunc_w]),
+            rows_since=np.array(max(int(length.rows_seen) - untruncated, 0), np.int64),
+            groups_since=np.array(max(int(length.groups_seen) - int(groups_w), 0), np.int64),
         )
     return risk, length, change
 
 
 def trend_update(
-    length: Sub, trend_old: np.ndarray, lengths: np.ndarray, step: int, lam_tr: float
-) -> Sub:
+    length: Length, trend_old: np.ndarray, lengths: np.ndarray, step: int, lam_tr: float
+) -> Length:
     """The discounted sums ``trend_s`` [6] of 1, t, t², y, t·y, y² with y the log median length
     (tokens) of step t: the regression behind the length trend. ``lam_tr`` = 0 restarts them (a
     change was just detected: the trend lives within one regime)."""
-    new = dict(length)
     y = float(np.log(np.median(lengths)))
     term = np.array([1.0, step, step * step, y, step * y, y * y])
-    new["trend_s"] = term + lam_tr * trend_old
-    return new
+    return length._replace(trend_s=term + lam_tr * trend_old)
 
 
 def benefit_update(
-    benefit: Sub,
+    benefit: Benefit,
     rewards: np.ndarray,
     i_g: int,
     lam: float,
     timed: tuple[float, float] | None,
     lam_r: float,
-) -> Sub:
+) -> Benefit:
     """Pass counts and the realised benefit rate.
 
     ``pass_hist`` [K, max g + 1]: discounted (``lam``) count of groups with k passes (reward >
@@ -232,35 +227,40 @@ def benefit_update(
     the step was timed (``timed`` = (benefit, seconds)): λ's sums ``rate_s`` [benefit, s]
     (discount ``lam_r``), ``total_s`` (run-long) and ``rate_now`` [benefit, s, steps] (``lam``).
     """
-    new = _copy(benefit)
     g = rewards.shape[1]
     k = (rewards > constants().pass_threshold).sum(-1)
-    new["pass_hist"] = lam * benefit["pass_hist"]
-    new["pass_hist"][i_g, : g + 1] += np.bincount(k, minlength=g + 1)
+    pass_hist = lam * benefit.pass_hist
+    pass_hist[i_g, : g + 1] += np.bincount(k, minlength=g + 1)
+    new = benefit._replace(pass_hist=pass_hist)
     if timed is not None:
         ben, sec = timed
-        new["rate_s"] = lam_r * benefit["rate_s"] + np.array([ben, sec])
-        new["total_s"] = benefit["total_s"] + np.array([ben, sec])
-        new["rate_now"] = lam * benefit["rate_now"] + np.array([ben, sec, 1.0])
+        new = new._replace(
+            rate_s=lam_r * benefit.rate_s + np.array([ben, sec]),
+            total_s=benefit.total_s + np.array([ben, sec]),
+            rate_now=lam * benefit.rate_now + np.array([ben, sec, 1.0]),
+        )
     return new
 
 
-def cost_update(cost: Sub, obs: Observation, i_g: int, p_groups: int, timed: bool) -> Sub:
+def cost_update(cost: Cost, obs: Observation, i_g: int, p_groups: int, timed: bool) -> Cost:
     """Per-shape timing EMAs (seconds: ``prefill_s``, ``decode_step_s`` per decode step, [K];
     weight of a new measurement the constant cost_ema, the first one taken as is) when the
     step was ``timed``, and the step's shape facts (prompts, max_new_tokens, decode_chunk)."""
-    new = _copy(cost)
+    new = cost
     if timed:
         per_step = float(obs.decode_s) / int(obs.decode_steps)
         pre = max(float(obs.prefill_s), 0.0)
-        a = constants().cost_ema if cost["measured"][i_g] else 1.0
-        new["decode_step_s"][i_g] = (1 - a) * cost["decode_step_s"][i_g] + a * per_step
-        new["prefill_s"][i_g] = (1 - a) * cost["prefill_s"][i_g] + a * pre
-        new["measured"][i_g] = True
-    new["prompts"] = np.array(obs.prompts or p_groups, np.int64)
-    new["max_new_tokens"] = np.array(int(obs.max_new_tokens), np.int64)
-    new["decode_chunk"] = np.array(max(int(obs.decode_chunk), 1), np.int64)
-    return new
+        a = constants().cost_ema if cost.measured[i_g] else 1.0
+        dec, pref, meas = cost.decode_step_s.copy(), cost.prefill_s.copy(), cost.measured.copy()
+        dec[i_g] = (1 - a) * cost.decode_step_s[i_g] + a * per_step
+        pref[i_g] = (1 - a) * cost.prefill_s[i_g] + a * pre
+        meas[i_g] = True
+        new = new._replace(decode_step_s=dec, prefill_s=pref, measured=meas)
+    return new._replace(
+        prompts=np.array(obs.prompts or p_groups, np.int64),
+        max_new_tokens=np.array(int(obs.max_new_tokens), np.int64),
+        decode_chunk=np.array(max(int(obs.decode_chunk), 1), np.int64),
+    )
 
 
 def step_benefit(rewards: np.ndarray) -> float:
