@@ -5,7 +5,7 @@
 
 Runs the shipped SAGC policy through the workload and, at every step, records what its state
 predicts for each candidate g (`predicted_benefit`, `predicted_cost`; the benefit also with
-the constant `pass_em_iters` patched to 0, the moments Beta alone) and what each g would have
+the constant `pass_em_iters` passed in as 0, the moments Beta alone) and what each g would have
 realised on the same draw (`simulate.run_step` at every rung: common random numbers). Prints
 the per-window means and the ratio of the top two rungs, which is what a choice between them
 turns on.
@@ -14,6 +14,7 @@ turns on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sagc_jax.config.sagc_constants import override_constants  # noqa: E402
+from sagc_jax.config.sagc_constants import CONSTANTS  # noqa: E402
 from sagc_jax.sagc.estimators import predicted_benefit, predicted_cost  # noqa: E402
 from sagc_jax.sagc.simulate import load_sim_config, run_step, sagc_policy  # noqa: E402
 
@@ -39,14 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = sim.sagc
     sizes = list(cfg.group_sizes)
     pol = sagc_policy(sim)
+    beta_only = dataclasses.replace(CONSTANTS, pass_em_iters=0)  # the moments Beta, no EM
     rec: dict[str, list[np.ndarray]] = {k: [] for k in ("ben", "beta", "cost", "real", "sec")}
     for t in range(sim.steps):
         g = pol.choose()
         draw = sim.workload.draw(t)
         runs = [run_step(sim, draw, x) for x in sizes]
         rec["ben"].append(predicted_benefit(cfg, pol.state))
-        with override_constants(pass_em_iters=0):
-            rec["beta"].append(predicted_benefit(cfg, pol.state))
+        rec["beta"].append(predicted_benefit(cfg, pol.state, beta_only))
         rec["cost"].append(predicted_cost(cfg, pol.state))
         rec["real"].append(np.array([r[2] for r in runs]))
         rec["sec"].append(np.array([r[1] for r in runs]))

@@ -7,6 +7,7 @@ step with the schema."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from contextlib import redirect_stderr
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import ConfigError, load_config
+from sagc_jax.config import sagc_constants as sc
 from sagc_jax.config.sagc import REMOVED_KEYS, SAGCConfig, TimeModelSection
 from sagc_jax.config.sagc_constants import (
     CONSTANTS,
@@ -404,6 +406,40 @@ def test_constants_patch_in_process():
         g, _ = choose(cfg, _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0))
         assert g == 16  # unlimited moves up
     assert constants().cost_ema == 0.3 and constants().max_rung_step == 1
+
+
+def test_constants_passed_in_equal_the_patched_global():
+    """Issue 49 item 5: ``consts`` passed to the controller (and to a policy, for its whole
+    life) act as the same constants patched in; None reads those in force at each call."""
+    cfg = SAGCConfig(**GR)
+    free = dataclasses.replace(CONSTANTS, max_rung_step=0)
+    st = _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0)
+    assert choose(cfg, st)[0] == 8 and choose(cfg, st, free)[0] == 16
+    with override_constants(max_rung_step=0):
+        assert choose(cfg, st)[1] == choose(cfg, st, free)[1]
+    small = dataclasses.replace(CONSTANTS, window_rows_min=64, window_groups=8, change_window=4)
+    st = init_state(cfg, consts=small)
+    assert st.length.eps_ring.shape == (64,) and st.risk.hist_a.shape == (4, 4)
+    rng = np.random.default_rng(0)
+    obs = [_obs(rng.integers(10, 40, (4, 4)), 4, timed=True) for _ in range(12)]
+    runs = {}
+    for name, pol, ctx in (("passed", SAGCPolicy(cfg, consts=small), CONSTANTS),
+                           ("patched", None, small)):
+        old = sc.CONSTANTS
+        sc.CONSTANTS = ctx
+        try:
+            pol = pol or SAGCPolicy(cfg)
+            gs = []
+            for o in obs:
+                gs.append(pol.choose())
+                pol.observe(o)  # every step observed at G = 4 (any rung may be chosen)
+            runs[name] = (gs, as_dict(pol.state))
+        finally:
+            sc.CONSTANTS = old
+    assert runs["passed"][0] == runs["patched"][0]
+    for m, sub in runs["passed"][1].items():
+        for k, v in sub.items():
+            np.testing.assert_array_equal(v, runs["patched"][1][m][k])
 
 
 # ------------------------------------------------------------------ the map

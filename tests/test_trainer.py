@@ -26,7 +26,8 @@ TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2",
     "model.num_heads=2", "model.num_kv_heads=1", "data.task=arith_short", "data.task_max_steps=3",
     "data.prompts_per_step=4", "sagc.group_sizes=[2,4]", "sagc.initial_group_size=4",
-    "sagc.warmup_steps=1", "sagc.timing=model", "sagc.straggler=group_ratio",  # G moves
+    "sagc.warmup_steps=1", "sagc.timing=model", "sagc.straggler=group_ratio",
+    "sagc.delta=0.1",  # a stated budget: G moves (none by default since issue 49)
     "sampling.max_new_tokens=32",
     "sampling.prompt_buckets=[16]", "sampling.decode_chunk=8", "init.sft_steps=8",
     "init.sft_batch_size=8", "optim.lr=1e-3", "optim.warmup_steps=0", "checkpoint.every=1",

@@ -5,8 +5,10 @@ Everything else the controller reads lives here, in one frozen dataclass, at exa
 it had as a config default (so behaviour is unchanged). Four memories are derived from
 ``sagc.half_life`` (the ``*_x`` multipliers) and the residual ring from ``sagc.group_sizes``.
 
-The controller reads :data:`CONSTANTS` through :func:`constants` on every call, so an ablation
-can patch it in-process::
+The controller's entry points (``init_state``, ``observe``, ``choose``, the policies) take the
+constants as an explicit ``consts`` argument and hand them down to every function they call;
+``consts=None`` (the default) reads :data:`CONSTANTS` at that call (:func:`resolve`), so an
+ablation can still patch it in-process::
 
     import dataclasses
     from sagc_jax.config import sagc_constants as sc
@@ -32,6 +34,7 @@ __all__ = [
     "length_half_life",
     "override_constants",
     "rate_half_life",
+    "resolve",
     "trend_half_life",
     "window_rows",
 ]
@@ -134,27 +137,32 @@ def override_constants(**changes: Any) -> Iterator[SAGCConstants]:
         CONSTANTS = old
 
 
-def length_half_life(cfg: Any) -> float:
+def resolve(consts: SAGCConstants | None) -> SAGCConstants:
+    """``consts`` as passed, or the constants in force now (None: :func:`constants`)."""
+    return CONSTANTS if consts is None else consts
+
+
+def length_half_life(cfg: Any, consts: SAGCConstants | None = None) -> float:
     """Steps; forgetting of the per-row truncation rate (= half_life at the default 1x)."""
-    return constants().length_half_life_x * cfg.half_life
+    return resolve(consts).length_half_life_x * cfg.half_life
 
 
-def rate_half_life(cfg: Any) -> float:
+def rate_half_life(cfg: Any, consts: SAGCConstants | None = None) -> float:
     """Steps; memory of lambda's discounted realised rate without a horizon (5 x half_life)."""
-    return constants().rate_half_life_x * cfg.half_life
+    return resolve(consts).rate_half_life_x * cfg.half_life
 
 
-def trend_half_life(cfg: Any) -> float:
+def trend_half_life(cfg: Any, consts: SAGCConstants | None = None) -> float:
     """Steps; memory of the log-length trend (3 x half_life); 0 = no trend."""
-    return constants().trend_half_life_x * cfg.half_life
+    return resolve(consts).trend_half_life_x * cfg.half_life
 
 
-def credit_horizon(cfg: Any) -> float:
+def credit_horizon(cfg: Any, consts: SAGCConstants | None = None) -> float:
     """Steps over which saved credit may be spent: risk cap = delta + credit / this."""
-    return constants().credit_horizon_x * cfg.half_life
+    return resolve(consts).credit_horizon_x * cfg.half_life
 
 
-def window_rows(cfg: Any) -> int:
-    """Length of the residual ring: max(window_rows_min, window_rows_per_rung x max rung)."""
-    c = constants()
+def window_rows(cfg: Any, consts: SAGCConstants | None = None) -> int:
+    """Rows; length of the residual ring: max(window_rows_min, window_rows_per_rung x max rung)."""
+    c = resolve(consts)
     return max(c.window_rows_min, c.window_rows_per_rung * max(cfg.group_sizes))

@@ -20,10 +20,11 @@ import numpy as np
 
 from sagc_jax.config.sagc import SAGCConfig as SAGCConfig  # re-export (declared there)
 from sagc_jax.config.sagc_constants import (
-    constants,
+    SAGCConstants,
     credit_horizon,
     length_half_life,
     rate_half_life,
+    resolve,
     trend_half_life,
 )
 from sagc_jax.sagc.estimators import (
@@ -55,13 +56,17 @@ from sagc_jax.sagc.updates import (
 _SALT_OBSERVE = 0x5A6C
 
 
-def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
+def observe(
+    cfg: SAGCConfig, state: State, obs: Observation, consts: SAGCConstants | None = None
+) -> State:
     """Fold one step's observation into the state (pure: returns a new ``SAGCState``).
 
     The composition of one update per sub-model, in the order the random draws are taken:
     budget, length, risk, change detection, length trend, benefit, cost, then the decision
-    clock and E[decode steps] for the next ``choose``.
+    clock and E[decode steps] for the next ``choose``. ``consts``: the controller's constants
+    (None: those in force now, ``sagc_constants.CONSTANTS``), handed to every part.
     """
+    c = resolve(consts)
     sizes = cfg.group_sizes
     g = int(obs.group_size)
     if g not in sizes:
@@ -81,39 +86,43 @@ def observe(cfg: SAGCConfig, state: State, obs: Observation) -> State:
     lam = 0.5 ** (1.0 / cfg.half_life)
     i_g = sizes.index(g)
 
-    rate = float(straggler_cost(cfg, lengths, truncated).mean())
+    rate = float(straggler_cost(cfg, lengths, truncated, c).mean())
     held = REASONS[int(dec.last_reason)] == "no_feasible"
-    budget = budget_update(state.budget, rate, cfg.delta, held)
+    budget = budget_update(state.budget, rate, cfg.delta, held, c)
     length, pool_eps, p_tr = length_update(
-        state.length, lengths, truncated, 0.5 ** (1.0 / length_half_life(cfg))
+        state.length, lengths, truncated, 0.5 ** (1.0 / length_half_life(cfg, c)), c
     )
-    risk = risk_update(cfg, state.risk, lengths, truncated, rng, pool_eps, p_tr, max_new, lam)
+    risk = risk_update(
+        cfg, state.risk, lengths, truncated, rng, pool_eps, p_tr, max_new, lam, c
+    )
     change = state.change
-    if constants().change_threshold > 0 and step >= cfg.warmup_steps:
+    if c.change_threshold > 0 and step >= cfg.warmup_steps:
         risk, length, change = change_update(
-            state.risk, risk, state.length, length, change, i_g, step
+            state.risk, risk, state.length, length, change, i_g, step, c
         )
     else:
         change = change._replace(last_llr=np.array(0.0))
     fresh = int(change.changes) != int(state.change.changes)
-    t_hl = trend_half_life(cfg)
+    t_hl = trend_half_life(cfg, c)
     lam_tr = 0.5 ** (1.0 / t_hl) if t_hl else 0.0
     length = trend_update(length, state.length.trend_s, lengths, step, 0.0 if fresh else lam_tr)
     timed = obs.decode_steps > 0 and obs.decode_s > 0
     sec = float(obs.decode_s) + max(float(obs.prefill_s), 0.0)
     benefit = benefit_update(
-        state.benefit, rewards, i_g, lam, (step_benefit(rewards), sec) if timed else None,
-        0.5 ** (1.0 / rate_half_life(cfg)),
+        state.benefit, rewards, i_g, lam, (step_benefit(rewards, c), sec) if timed else None,
+        0.5 ** (1.0 / rate_half_life(cfg, c)), c,
     )
-    cost = cost_update(state.cost, obs, i_g, p_groups, timed)
+    cost = cost_update(state.cost, obs, i_g, p_groups, timed, c)
     decision = dec._replace(g_idx=np.array(i_g, np.int64), step=np.array(step + 1, np.int64))
     new = SAGCState(decision=decision, budget=budget, risk=risk, length=length,
                     benefit=benefit, cost=cost, change=change)
-    exp_steps = expected_decode_steps(cfg, new, rng)
+    exp_steps = expected_decode_steps(cfg, new, rng, consts=c)
     return new._replace(length=length._replace(exp_steps=exp_steps))
 
 
-def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
+def choose(
+    cfg: SAGCConfig, state: State, consts: SAGCConstants | None = None
+) -> tuple[int, dict[str, Any]]:
     """Next group size and diagnostics. Pure and deterministic (no randomness).
 
     score(g) = V * u(g) - Q * risk(g) with u(g) = (benefit - λ·cost) / max benefit (benefit/s
@@ -122,16 +131,17 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     credit / credit_horizon (the smallest judged on its mean risk; every g without a budget);
     eligible g are the feasible ones within max_rung_step rungs up of the current G, plus the
     budget-sharing rung just above the feasible ones. The choice is the best-scoring eligible g.
+    ``consts``: the controller's constants (None: those in force now).
     """
-    c = constants()
+    c = resolve(consts)
     sizes = np.array(cfg.group_sizes)
     n = len(sizes)
     dec = state.decision
     cur = int(dec.g_idx)
-    risk = posterior_risk(cfg, state)
-    cost = predicted_cost(cfg, state)
-    benefit = predicted_benefit(cfg, state)
-    lam_rate = benefit_rate(cfg, state, benefit, cost)
+    risk = posterior_risk(cfg, state, consts=c)
+    cost = predicted_cost(cfg, state, c)
+    benefit = predicted_benefit(cfg, state, c)
+    lam_rate = benefit_rate(cfg, state, benefit, cost, c)
     j = (benefit - lam_rate * cost) / max(float(benefit.max()), 1e-12)
     q = float(state.budget.queue)
     score = cfg.V * j - q * risk
@@ -139,12 +149,12 @@ def choose(cfg: SAGCConfig, state: State) -> tuple[int, dict[str, Any]]:
     # to be spent over about credit_horizon steps (0 credit: the cap is delta). No budget
     # (delta None): every rung is feasible, the queue stays 0 and the score is V * u alone.
     cap = (np.inf if cfg.delta is None
-           else cfg.delta + float(state.budget.credit) / credit_horizon(cfg))
+           else cfg.delta + float(state.budget.credit) / credit_horizon(cfg, c))
     feasible = risk <= cap
     if c.floor_on_mean:
         # The quantile guards moves *up* into rungs we know little about; below the smallest
         # rung there is nothing safer, so it is feasible when its risk is, on the mean.
-        feasible[0] = posterior_risk(cfg, state, mean=True)[0] <= cap
+        feasible[0] = posterior_risk(cfg, state, mean=True, consts=c)[0] <= cap
     step = c.max_rung_step or n
     # max_rung_step limits moves up only: a larger rung is tried one step at a time, but a rung
     # that has become too risky is left at once.

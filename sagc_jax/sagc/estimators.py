@@ -6,7 +6,8 @@ mixture refined from a Beta), the batch policy, and the ring buffers they read. 
 of (config, state); the config is an ``SAGCConfig`` (typed loosely here to keep the import graph
 acyclic), the state an ``SAGCState`` (``state.py``: one typed sub-state per sub-model) or, where
 a function reads one sub-model only, that sub-state. The fixed internals
-(priors, EM steps, memories) are :mod:`sagc_jax.config.sagc_constants`.
+(priors, EM steps, memories) are :mod:`sagc_jax.config.sagc_constants`: every function that
+reads one takes ``consts`` (an ``SAGCConstants``; None = those in force, ``resolve``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from scipy.special import betainc, betaincinv
 
 from sagc_jax.config.sagc import risk_level
-from sagc_jax.config.sagc_constants import constants, trend_half_life
+from sagc_jax.config.sagc_constants import SAGCConstants, resolve, trend_half_life
 from sagc_jax.sagc.state import Length, State
 from sagc_jax.shapes import prompts_for
 
@@ -49,14 +50,14 @@ def batch_prompts(cfg: Any, state: State) -> np.ndarray:
     return np.array([prompts_for(cfg, g, b) for g in cfg.group_sizes], np.int64)
 
 
-def _trunc_beta(length: Length) -> tuple[float, float]:
+def _trunc_beta(length: Length, consts: SAGCConstants | None = None) -> tuple[float, float]:
     """Beta posterior (a, b) of the per-row truncation rate in the current regime.
 
     Prior: the whole run's pooled rate (itself with ``trunc_pooled_prior`` pseudo-counts),
     worth ``trunc_prior_rows`` rows (`sagc_constants`); empirical Bayes: a regime that has just
     begun is a priori like the run so far, not free of loops.
     """
-    c = constants()
+    c = resolve(consts)
     all_rows, all_trunc = length.trunc_total
     p_a, p_n = c.trunc_pooled_prior
     p0 = (float(all_trunc) + p_a) / (float(all_rows) + p_n)
@@ -66,15 +67,19 @@ def _trunc_beta(length: Length) -> tuple[float, float]:
     return a, b
 
 
-def truncation_rate(length: Length) -> float:
+def truncation_rate(length: Length, consts: SAGCConstants | None = None) -> float:
     """Per-row truncation rate (the length model's sub-state -> a probability): the posterior
     mean of ``_trunc_beta``."""
-    a, b = _trunc_beta(length)
+    a, b = _trunc_beta(length, consts)
     return a / (a + b)
 
 
 def expected_decode_steps(
-    cfg: Any, state: State, rng: np.random.Generator, mc: int | None = None
+    cfg: Any,
+    state: State,
+    rng: np.random.Generator,
+    mc: int | None = None,
+    consts: SAGCConstants | None = None,
 ) -> np.ndarray:
     """E[decode steps] at each candidate g: float [K].
 
@@ -85,14 +90,15 @@ def expected_decode_steps(
     decode_chunk; common random numbers across candidates keep their comparison low-noise.
     `mc` bootstrap draws (None: the constant ``mc_samples``).
     """
-    mc = constants().mc_samples if mc is None else mc
+    c = resolve(consts)
+    mc = c.mc_samples if mc is None else mc
     ln, co = state.length, state.cost
     eps = ring_view(ln.eps_ring, ln.rows_seen, ln.rows_since)
     eps = eps if len(eps) else np.ones(1)
     meds = ring_view(ln.med_ring, ln.groups_seen, ln.groups_since)
     chunk = float(max(int(co.decode_chunk), 1))
     cap = math.ceil(float(co.max_new_tokens) / chunk) * chunk
-    p_tr = truncation_rate(ln)
+    p_tr = truncation_rate(ln, c)
     bs = batch_prompts(cfg, state)
     gmax, bmax = max(cfg.group_sizes), int(bs.max())
     m = meds[rng.integers(0, len(meds), size=(mc, bmax, 1))]
@@ -106,11 +112,13 @@ def expected_decode_steps(
     return out
 
 
-def posterior_risk(cfg: Any, state: State, mean: bool = False) -> np.ndarray:
+def posterior_risk(
+    cfg: Any, state: State, mean: bool = False, consts: SAGCConstants | None = None
+) -> np.ndarray:
     """Risk per candidate: Beta posterior mean or upper quantile (``cfg.risk``; ``mean=True``
     forces the mean) of the discounted pseudo-counts ``state.risk.a`` / ``.b`` plus the
     Jeffreys prior. Probabilities (or mean tail shares), float [K]."""
-    c = constants()
+    c = resolve(consts)
     a = c.prior_a + state.risk.a
     b = c.prior_b + state.risk.b
     q = None if mean else risk_level(cfg.risk)
@@ -119,13 +127,15 @@ def posterior_risk(cfg: Any, state: State, mean: bool = False) -> np.ndarray:
     return np.asarray(betaincinv(a, b, q), np.float64)
 
 
-def _interp_rows(rows: np.ndarray, measured: np.ndarray, values: np.ndarray) -> np.ndarray:
+def _interp_rows(
+    rows: np.ndarray, measured: np.ndarray, values: np.ndarray, floor_frac: float
+) -> np.ndarray:
     """Per-shape value: measured EMA where available, else a least-squares line in rows.
 
     0 measured shapes -> NaN (caller substitutes); 1 -> flat (optimistic: the accelerator case;
     a larger shape gets measured once tried); >=2 -> linear fit, floored at half the smallest
-    measured value (``cost_floor_frac``) so a noisy negative slope cannot make a shape look
-    free.
+    measured value (``floor_frac``, the constant cost_floor_frac) so a noisy negative slope
+    cannot make a shape look free.
     """
     out = np.full(len(rows), np.nan)
     if not measured.any():
@@ -133,13 +143,13 @@ def _interp_rows(rows: np.ndarray, measured: np.ndarray, values: np.ndarray) -> 
     xr, yr = rows[measured].astype(np.float64), values[measured]
     if len(np.unique(xr)) >= 2:
         slope, icpt = np.polyfit(xr, yr, 1)
-        fit = np.maximum(icpt + slope * rows, constants().cost_floor_frac * yr.min())
+        fit = np.maximum(icpt + slope * rows, floor_frac * yr.min())
     else:
         fit = np.full(len(rows), yr.mean())
     return np.where(measured, values, fit)
 
 
-def predicted_cost(cfg: Any, state: State) -> np.ndarray:
+def predicted_cost(cfg: Any, state: State, consts: SAGCConstants | None = None) -> np.ndarray:
     """Predicted rollout seconds per step at each g: prefill(rows_g) + E[steps_g] x t_dec(rows_g).
 
     Without any timing yet, t_dec = 1 and prefill = 0 (cost in decode-step units).
@@ -147,8 +157,9 @@ def predicted_cost(cfg: Any, state: State) -> np.ndarray:
     rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
     co = state.cost
     meas = co.measured
-    pre = np.nan_to_num(_interp_rows(rows, meas, co.prefill_s), nan=0.0)
-    dec = np.nan_to_num(_interp_rows(rows, meas, co.decode_step_s), nan=1.0)
+    frac = resolve(consts).cost_floor_frac
+    pre = np.nan_to_num(_interp_rows(rows, meas, co.prefill_s, frac), nan=0.0)
+    dec = np.nan_to_num(_interp_rows(rows, meas, co.decode_step_s, frac), nan=1.0)
     steps = state.length.exp_steps
     if not (steps > 0).all():
         steps = np.full(len(rows), float(max(int(co.max_new_tokens), 1)))
@@ -194,7 +205,9 @@ def _binom_table(sizes: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def pass_rate_mixture(cfg: Any, state: State) -> np.ndarray:
+def pass_rate_mixture(
+    cfg: Any, state: State, consts: SAGCConstants | None = None
+) -> np.ndarray:
     """Distribution of per-prompt pass rates on ``PASS_GRID``: weights [M], summing to 1.
 
     Starts at the method-of-moments Beta and takes ``pass_em_iters`` (a constant) EM steps toward
@@ -211,7 +224,7 @@ def pass_rate_mixture(cfg: Any, state: State) -> np.ndarray:
     w = np.maximum(w, 1e-300) / w.sum()
     hist = state.benefit.pass_hist
     n = float(hist.sum())
-    iters = constants().pass_em_iters
+    iters = resolve(consts).pass_em_iters
     if n <= 0.0 or iters == 0:
         return w
     lik = _binom_table(tuple(cfg.group_sizes))
@@ -230,9 +243,9 @@ def benefit_per_prompt(g: int, w: np.ndarray) -> float:
     return max(0.0, 1.0 - float((w * (p**g + (1.0 - p) ** g)).sum())) * (1.0 - 1.0 / g)
 
 
-def predicted_benefit(cfg: Any, state: State) -> np.ndarray:
+def predicted_benefit(cfg: Any, state: State, consts: SAGCConstants | None = None) -> np.ndarray:
     """Expected informative-group benefit per step at each g: B(g) x benefit_per_prompt. [K]"""
-    w = pass_rate_mixture(cfg, state)
+    w = pass_rate_mixture(cfg, state, consts)
     bs = batch_prompts(cfg, state)
     return np.array([bs[i] * benefit_per_prompt(g, w) for i, g in enumerate(cfg.group_sizes)])
 
@@ -271,7 +284,12 @@ def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
     return float(((k > 0) & (k < g)).sum()) * (1.0 - 1.0 / g)
 
 
-def length_trend(length: Length, min_weight: float | None = None, z: float | None = None) -> float:
+def length_trend(
+    length: Length,
+    min_weight: float | None = None,
+    z: float | None = None,
+    consts: SAGCConstants | None = None,
+) -> float:
     """Per-step growth rate of the median completion length within the regime, 1/step.
 
     The slope of the discounted least-squares fit of log median length on step
@@ -280,7 +298,7 @@ def length_trend(length: Length, min_weight: float | None = None, z: float | Non
     λ by tens of percent). 0 with fewer than ``min_weight`` steps of weight. None: the
     constants ``trend_min_weight`` and ``trend_z`` (`sagc_constants`, with the reason).
     """
-    c = constants()
+    c = resolve(consts)
     min_weight = c.trend_min_weight if min_weight is None else min_weight
     z = c.trend_z if z is None else z
     w, st, stt, sy, sty, syy = length.trend_s
@@ -293,12 +311,12 @@ def length_trend(length: Length, min_weight: float | None = None, z: float | Non
     return float(rho * max(0.0, 1.0 - z * z * se2 / max(rho * rho, 1e-300)))
 
 
-def cost_growth(cfg: Any, state: State, h: int) -> float:
+def cost_growth(cfg: Any, state: State, h: int, consts: SAGCConstants | None = None) -> float:
     """Σ_{k=1..h} f_k, the future steps' cost in units of the current step's: f_k = 1 without
     a trend; with a trend memory (3 x half_life), f_k = exp(ρ k) for the length trend ρ, clipped to
     [chunk / E[steps], cap / E[steps]] at the current rung (decode can neither end before one
     chunk nor run past max_new_tokens)."""
-    rho = length_trend(state.length) if trend_half_life(cfg) else 0.0
+    rho = length_trend(state.length, consts=consts) if trend_half_life(cfg, consts) else 0.0
     if rho == 0.0:
         return float(h)
     steps_now = float(state.length.exp_steps[int(state.decision.g_idx)])
@@ -315,7 +333,13 @@ def cost_growth(cfg: Any, state: State, h: int) -> float:
     return float(grown + (h - n) * bound)
 
 
-def benefit_rate(cfg: Any, state: State, benefit: np.ndarray, cost: np.ndarray) -> float:
+def benefit_rate(
+    cfg: Any,
+    state: State,
+    benefit: np.ndarray,
+    cost: np.ndarray,
+    consts: SAGCConstants | None = None,
+) -> float:
     """λ, the price of a second in the run-long objective Σ benefit / Σ seconds (Dinkelbach).
 
     benefit, cost: predicted per-step benefit and seconds at each rung, float [K] (used only
@@ -336,7 +360,7 @@ def benefit_rate(cfg: Any, state: State, benefit: np.ndarray, cost: np.ndarray) 
     if horizon > 0 and sec_now > 0:
         big_b, big_c = bf.total_s
         h = max(horizon - int(dec.step), 1)
-        future_c = sec_now / n_now * cost_growth(cfg, state, h)
+        future_c = sec_now / n_now * cost_growth(cfg, state, h, consts)
         return float((big_b + h * ben_now / n_now) / (big_c + future_c))
     ben, sec = bf.rate_s
     return float(ben / sec) if sec > 0 and ben > 0 else ratio

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.config.sagc_constants import constants
+from sagc_jax.config.sagc_constants import SAGCConstants, resolve
 
 
 @dataclass
@@ -75,19 +75,22 @@ def tail_share(lengths: np.ndarray) -> np.ndarray:
     return (mx - last_axis_median(lengths)) / mx
 
 
-def straggler_cost(cfg: Any, lengths: np.ndarray, truncated: np.ndarray) -> np.ndarray:
+def straggler_cost(
+    cfg: Any, lengths: np.ndarray, truncated: np.ndarray, consts: SAGCConstants | None = None
+) -> np.ndarray:
     """Per-group straggler cost under ``cfg.straggler``. lengths/truncated [..., g] -> [...].
 
     "group_ratio": the 0/1 event of ``straggler_events`` (tau; a truncated member counts, the
-    constant ``count_truncated``); "tail_share": the continuous ``tail_share`` (tau unused).
+    constant ``count_truncated`` of ``consts``, None = those in force); "tail_share": the
+    continuous ``tail_share`` (tau unused), a fraction of the group's decode steps.
     """
     if cfg.straggler == "tail_share":
         return tail_share(lengths)
-    events = straggler_events(lengths, truncated, cfg.tau, constants().count_truncated)
+    events = straggler_events(lengths, truncated, cfg.tau, resolve(consts).count_truncated)
     return events.astype(np.float64)
 
 
-def step_straggler_rate(cfg: Any, obs: Observation) -> float:
+def step_straggler_rate(cfg: Any, obs: Observation, consts: SAGCConstants | None = None) -> float:
     """Mean straggler cost of the step's groups (the constrained quantity s_t): the fraction of
     groups with an event ("group_ratio") or their mean tail share ("tail_share").
 
@@ -95,7 +98,7 @@ def step_straggler_rate(cfg: Any, obs: Observation) -> float:
     g = int(obs.group_size)
     lengths = np.asarray(obs.lengths).reshape(-1, g)
     truncated = np.asarray(obs.truncated, dtype=bool).reshape(-1, g)
-    return float(straggler_cost(cfg, lengths, truncated).mean())
+    return float(straggler_cost(cfg, lengths, truncated, consts).mean())
 
 
 def hypergeom_none(n: int, k: np.ndarray, g: int) -> np.ndarray:

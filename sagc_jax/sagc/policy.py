@@ -2,7 +2,9 @@
 ``make_policy`` and the batch policy ``prompts_for``. They hold the pure controller state
 (an ``SAGCState``, ``state.py``) and expose ``choose() -> g`` / ``observe(obs) -> metrics`` /
 ``load_state(restored)``. The run's length (``horizon``) and, in the simulator, the seed of the
-controller's draws are passed when a policy is built; they live in its state.
+controller's draws are passed when a policy is built; they live in its state. ``consts``: the
+controller's constants (``SAGCConstants``), handed to every call; None (the default) reads
+those in force at each call, so ``sagc_constants.override_constants`` still patches a policy.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from sagc_jax.config.sagc_constants import SAGCConstants
 from sagc_jax.sagc.controller import (
     REASONS,
     SAGCConfig,
@@ -32,22 +35,24 @@ class SAGCPolicy:
     """Adaptive group size. ``choose() -> g``; after the step, ``observe(obs) -> metrics``.
 
     ``horizon``: steps in the run (None = unknown); ``seed``: of the controller's Monte-Carlo
-    draws (None = the constant, 0)."""
+    draws (None = the constant, 0); ``consts``: the constants (None = those in force)."""
 
-    def __init__(self, cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None):
+    def __init__(self, cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None,
+                 consts: SAGCConstants | None = None):
         self.cfg = cfg.validate()
-        self.state: State = init_state(cfg, horizon=horizon, seed=seed)
+        self.consts = consts
+        self.state: State = init_state(cfg, horizon=horizon, seed=seed, consts=consts)
         self.last_info: dict[str, Any] | None = None
 
     def choose(self) -> int:
-        g, info = choose(self.cfg, self.state)
+        g, info = choose(self.cfg, self.state, self.consts)
         self.state = record_choice(self.state, info)
         self.last_info = info
         return g
 
     def observe(self, obs: Observation) -> dict[str, Any]:
-        self.state = observe(self.cfg, self.state, obs)
-        risk = posterior_risk(self.cfg, self.state)
+        self.state = observe(self.cfg, self.state, obs, self.consts)
+        risk = posterior_risk(self.cfg, self.state, consts=self.consts)
         metrics: dict[str, Any] = {
             "straggler_rate": float(self.state.budget.last_rate),
             "sagc_queue": float(self.state.budget.queue),
@@ -59,15 +64,17 @@ class SAGCPolicy:
 
     def load_state(self, state: State | dict[str, Any]) -> None:
         """Adopt a restored state: a checkpoint's nested dict or a typed ``SAGCState``."""
-        self.state = normalize_state(self.cfg, state)
+        self.state = normalize_state(self.cfg, state, self.consts)
 
 
 class StaticPolicy:
     """Always ``initial_group_size``; same interface and straggler-rate metric as SAGCPolicy."""
 
-    def __init__(self, cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None):
+    def __init__(self, cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None,
+                 consts: SAGCConstants | None = None):
         self.cfg = cfg.validate()
-        self.state: State = init_state(cfg, horizon=horizon, seed=seed)
+        self.consts = consts
+        self.state: State = init_state(cfg, horizon=horizon, seed=seed, consts=consts)
         self.last_info: dict[str, Any] | None = None
 
     def choose(self) -> int:
@@ -75,7 +82,7 @@ class StaticPolicy:
         return self.cfg.initial_group_size
 
     def observe(self, obs: Observation) -> dict[str, Any]:
-        rate = step_straggler_rate(self.cfg, obs)
+        rate = step_straggler_rate(self.cfg, obs, self.consts)
         st = self.state
         self.state = st._replace(
             decision=st.decision._replace(step=np.array(int(st.decision.step) + 1, np.int64)),
@@ -85,12 +92,17 @@ class StaticPolicy:
 
     def load_state(self, state: State | dict[str, Any]) -> None:
         """Adopt a restored state: a checkpoint's nested dict or a typed ``SAGCState``."""
-        self.state = normalize_state(self.cfg, state)
+        self.state = normalize_state(self.cfg, state, self.consts)
 
 
 def make_policy(
-    cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None
+    cfg: SAGCConfig,
+    *,
+    horizon: int | None = None,
+    seed: int | None = None,
+    consts: SAGCConstants | None = None,
 ) -> SAGCPolicy | StaticPolicy:
-    """SAGCPolicy when ``cfg.enabled`` else StaticPolicy (``horizon``/``seed`` as SAGCPolicy)."""
+    """SAGCPolicy when ``cfg.enabled`` else StaticPolicy (``horizon``/``seed``/``consts`` as
+    SAGCPolicy)."""
     cls = SAGCPolicy if cfg.enabled else StaticPolicy
-    return cls(cfg, horizon=horizon, seed=seed)
+    return cls(cfg, horizon=horizon, seed=seed, consts=consts)

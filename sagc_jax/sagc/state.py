@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sagc_jax.config.sagc_constants import constants, window_rows
+from sagc_jax.config.sagc_constants import SAGCConstants, resolve, window_rows
 
 #: Reason codes of a decision (stored as an index: strings are not pytree leaves).
 REASONS: tuple[str, ...] = ("init", "warmup", "score", "no_feasible", "toward_feasible", "static")
@@ -122,15 +122,22 @@ SUBSTATES: dict[str, type] = {
 LAYOUT: dict[str, tuple[str, ...]] = {m: cls._fields for m, cls in SUBSTATES.items()}
 
 
-def init_state(cfg: Any, *, horizon: int | None = None, seed: int | None = None) -> SAGCState:
+def init_state(
+    cfg: Any,
+    *,
+    horizon: int | None = None,
+    seed: int | None = None,
+    consts: SAGCConstants | None = None,
+) -> SAGCState:
     """Fresh controller state for an ``SAGCConfig``: numpy arrays with static shapes.
 
     ``horizon``: steps in the run (the trainer passes run.steps, the simulator its steps);
     None = unknown (λ is then the discounted realised rate). ``seed``: of the Monte-Carlo draws
     (None = the constant seed, 0; the simulator passes its own). Both are kept in the state, so
-    a resumed run keeps them. K = len(group_sizes) candidates.
+    a resumed run keeps them. K = len(group_sizes) candidates. ``consts``: the constants that
+    size the rings and windows and give the default seed (None: those in force now).
     """
-    c = constants()
+    c = resolve(consts)
     k = len(cfg.group_sizes)
     f64 = np.float64
     i64 = lambda v: np.array(v, np.int64)  # noqa: E731
@@ -149,7 +156,7 @@ def init_state(cfg: Any, *, horizon: int | None = None, seed: int | None = None)
         risk=Risk(a=np.zeros(k, f64), b=np.zeros(k, f64), last=np.zeros(k, f64),
                   hist_a=np.zeros((win, k), f64), hist_n=np.zeros((win, k), f64)),
         length=Length(
-            eps_ring=np.ones(window_rows(cfg), f64), rows_seen=i64(0),
+            eps_ring=np.ones(window_rows(cfg, c), f64), rows_seen=i64(0),
             med_ring=np.ones(c.window_groups, f64), groups_seen=i64(0),
             trunc_s=np.zeros(2, f64), trunc_total=np.zeros(2, f64),
             hist_tr=np.zeros((win, 3), f64), rows_since=i64(0), groups_since=i64(0),
@@ -193,7 +200,9 @@ def state_layout_error(keys: Any) -> str | None:
             "version that wrote it, or start a new run.dir")
 
 
-def normalize_state(cfg: Any, restored: SAGCState | dict[str, Any]) -> SAGCState:
+def normalize_state(
+    cfg: Any, restored: SAGCState | dict[str, Any], consts: SAGCConstants | None = None
+) -> SAGCState:
     """Coerce a restored state — the nested dict a checkpoint holds (numpy scalars / jax
     arrays), or a typed state — to the typed state with the exact dtypes and shapes.
 
@@ -205,7 +214,7 @@ def normalize_state(cfg: Any, restored: SAGCState | dict[str, Any]) -> SAGCState
     msg = state_layout_error(restored)
     if msg:
         raise ValueError(msg)
-    ref = as_dict(init_state(cfg))
+    ref = as_dict(init_state(cfg, consts=consts))
     got = {m: set(v) if isinstance(v, dict) else set() for m, v in restored.items()}
     want = {m: set(v) for m, v in ref.items()}
     if got != want:

@@ -2,7 +2,8 @@
 
 Each takes the sub-model's sub-state (``state.py``: a NamedTuple of numpy arrays with static
 shapes) and one step's observation, and returns a new sub-state built with ``_replace`` (inputs
-are never written: an array to be changed in place is copied first).
+are never written: an array to be changed in place is copied first). ``consts``: the
+controller's constants (``SAGCConstants``; None = those in force, ``sagc_constants.resolve``).
 Shapes: K rungs (``sagc.group_sizes``), one step of P groups of G rows (``lengths``,
 ``truncated``, ``rewards``: [P, G], lengths in tokens floored at 1). The math is in docs/sagc.md.
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.config.sagc_constants import constants
+from sagc_jax.config.sagc_constants import SAGCConstants, resolve
 from sagc_jax.sagc.estimators import (
     binom_llr2,
     realised_benefit,
@@ -25,7 +26,13 @@ from sagc_jax.sagc.events import Observation, counterfactual_risk, counterfactua
 from sagc_jax.sagc.state import Benefit, Budget, Change, Cost, Length, Risk
 
 
-def budget_update(budget: Budget, rate: float, delta: float | None, held: bool) -> Budget:
+def budget_update(
+    budget: Budget,
+    rate: float,
+    delta: float | None,
+    held: bool,
+    consts: SAGCConstants | None = None,
+) -> Budget:
     """The virtual queue Q and the saved credit (both in units of the straggler cost x steps).
 
     ``rate``: this step's mean straggler cost s_t (unitless). One signed balance: debt is the
@@ -38,12 +45,16 @@ def budget_update(budget: Budget, rate: float, delta: float | None, held: bool) 
     if delta is None:
         return new
     excess = min(rate - delta, 0.0) if held else rate - delta
-    balance = min(float(budget.credit) - float(budget.queue) - excess, constants().credit_cap)
+    balance = min(float(budget.credit) - float(budget.queue) - excess, resolve(consts).credit_cap)
     return new._replace(queue=np.array(max(0.0, -balance)), credit=np.array(max(0.0, balance)))
 
 
 def length_update(
-    length: Length, lengths: np.ndarray, truncated: np.ndarray, lam_len: float
+    length: Length,
+    lengths: np.ndarray,
+    truncated: np.ndarray,
+    lam_len: float,
+    consts: SAGCConstants | None = None,
 ) -> tuple[Length, np.ndarray, float]:
     """The "median x residual" length model: residual ring (untruncated row length / its group
     median, unitless), group-median ring (tokens), discounted (factor ``lam_len`` per step) and
@@ -76,7 +87,7 @@ def length_update(
     pool_eps = ring_view(new.eps_ring, new.rows_seen, length.rows_since)
     if len(pool_eps) == 0:  # nothing untruncated seen yet: residual 1 (tight groups)
         pool_eps = np.ones(1)
-    return new, pool_eps, truncation_rate(new)
+    return new, pool_eps, truncation_rate(new, consts)
 
 
 def rung_cost(
@@ -88,11 +99,12 @@ def rung_cost(
     pool_eps: np.ndarray,
     trunc_rate: float,
     max_new: int,
+    consts: SAGCConstants | None = None,
 ) -> np.ndarray:
     """Each observed group's expected straggler cost at size g under ``cfg.straggler``: P(event)
     (group_ratio) or E[tail share] (tail_share, a continuous cost read as fractional
     pseudo-counts). lengths/truncated [P, G] -> float [P]."""
-    c = constants()
+    c = resolve(consts)
     kw = dict(rng=rng, mc=c.mc_samples, pool_eps=pool_eps, trunc_rate=trunc_rate)
     if cfg.straggler == "tail_share":
         return counterfactual_tail_share(lengths, g, max_new_tokens=max_new, **kw)
@@ -117,6 +129,7 @@ def risk_update(
     p_tr: float,
     max_new: int,
     lam: float,
+    consts: SAGCConstants | None = None,
 ) -> Risk:
     """Counterfactual risk of every rung, folded into discounted Beta pseudo-counts ``a`` / ``b``
     [K] (events / non-events, or tail shares / their complement), plus this step's own sums
@@ -128,12 +141,13 @@ def risk_update(
     draws come from ``rng`` in rung order (the controller's common random numbers).
     """
     g = lengths.shape[1]
-    power = constants().extrapolation_power
+    c = resolve(consts)
+    power = c.extrapolation_power
     a, b, last = risk.a.copy(), risk.b.copy(), risk.last.copy()
     hist_a = np.roll(risk.hist_a, 1, axis=0)
     hist_n = np.roll(risk.hist_n, 1, axis=0)
     for i, gc in enumerate(cfg.group_sizes):
-        r = rung_cost(cfg, lengths, truncated, gc, rng, pool_eps, p_tr, max_new)
+        r = rung_cost(cfg, lengths, truncated, gc, rng, pool_eps, p_tr, max_new, c)
         w = min(1.0, g / gc) ** power
         a[i] = lam * risk.a[i] + w * r.sum()
         b[i] = lam * risk.b[i] + w * (1.0 - r).sum()
@@ -146,6 +160,7 @@ def risk_update(
 def change_update(
     risk_old: Risk, risk: Risk, length_old: Length, length: Length, change: Change, i_g: int,
     step: int,
+    consts: SAGCConstants | None = None,
 ) -> tuple[Risk, Length, Change]:
     """Change detection, a windowed generalised likelihood-ratio test.
 
@@ -159,7 +174,7 @@ def change_update(
     a few steps, yet averages long within one. ``step``: the observation's index (0-based), only
     called after warm-up. Returns new (risk, length, change) sub-states.
     """
-    c = constants()
+    c = resolve(consts)
     reg_a, reg_n = risk_old.a, risk_old.a + risk_old.b
     reg_rows, reg_tr = length_old.trunc_s
     # Windows never reach back past the last change: that data belongs to the old regime.
@@ -219,6 +234,7 @@ def benefit_update(
     lam: float,
     timed: tuple[float, float] | None,
     lam_r: float,
+    consts: SAGCConstants | None = None,
 ) -> Benefit:
     """Pass counts and the realised benefit rate.
 
@@ -228,7 +244,7 @@ def benefit_update(
     (discount ``lam_r``), ``total_s`` (run-long) and ``rate_now`` [benefit, s, steps] (``lam``).
     """
     g = rewards.shape[1]
-    k = (rewards > constants().pass_threshold).sum(-1)
+    k = (rewards > resolve(consts).pass_threshold).sum(-1)
     pass_hist = lam * benefit.pass_hist
     pass_hist[i_g, : g + 1] += np.bincount(k, minlength=g + 1)
     new = benefit._replace(pass_hist=pass_hist)
@@ -242,7 +258,14 @@ def benefit_update(
     return new
 
 
-def cost_update(cost: Cost, obs: Observation, i_g: int, p_groups: int, timed: bool) -> Cost:
+def cost_update(
+    cost: Cost,
+    obs: Observation,
+    i_g: int,
+    p_groups: int,
+    timed: bool,
+    consts: SAGCConstants | None = None,
+) -> Cost:
     """Per-shape timing EMAs (seconds: ``prefill_s``, ``decode_step_s`` per decode step, [K];
     weight of a new measurement the constant cost_ema, the first one taken as is) when the
     step was ``timed``, and the step's shape facts (prompts, max_new_tokens, decode_chunk)."""
@@ -250,7 +273,7 @@ def cost_update(cost: Cost, obs: Observation, i_g: int, p_groups: int, timed: bo
     if timed:
         per_step = float(obs.decode_s) / int(obs.decode_steps)
         pre = max(float(obs.prefill_s), 0.0)
-        a = constants().cost_ema if cost.measured[i_g] else 1.0
+        a = resolve(consts).cost_ema if cost.measured[i_g] else 1.0
         dec, pref, meas = cost.decode_step_s.copy(), cost.prefill_s.copy(), cost.measured.copy()
         dec[i_g] = (1 - a) * cost.decode_step_s[i_g] + a * per_step
         pref[i_g] = (1 - a) * cost.prefill_s[i_g] + a * pre
@@ -263,6 +286,6 @@ def cost_update(cost: Cost, obs: Observation, i_g: int, p_groups: int, timed: bo
     )
 
 
-def step_benefit(rewards: np.ndarray) -> float:
+def step_benefit(rewards: np.ndarray, consts: SAGCConstants | None = None) -> float:
     """The step's realised benefit (informative groups x (1 - 1/g)) at the pass threshold."""
-    return realised_benefit(rewards, constants().pass_threshold)
+    return realised_benefit(rewards, resolve(consts).pass_threshold)
