@@ -192,7 +192,7 @@ def _nested(tree: Any) -> Any:
 
 
 def _sagc_keys(sagc: dict[str, Any]) -> list[str]:
-    """The SAGC state's leaves as ``sub/key`` paths (one sub-dict per sub-model), sorted."""
+    """The SAGC state's leaves as ``sub/key`` paths (its nested dict, ``_nested``), sorted."""
     out: list[str] = []
     for m, sub in sagc.items():
         out += [f"{m}/{k}" for k in sub] if isinstance(sub, dict) else [str(m)]

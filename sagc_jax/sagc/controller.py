@@ -1,12 +1,12 @@
 """SAGC controller: the pure state, ``observe`` and ``choose`` (DESIGN.md §5).
 
 The config is ``SAGCConfig`` (declared once in ``config/sagc.py``); the fixed internals are
-``config/sagc_constants.py``. The controller is tiny and runs on the host in numpy. Its whole
-state is an ``SAGCState`` (``state.py``) — one typed NamedTuple of numpy arrays with static
-shapes per sub-model (:data:`LAYOUT`) — a pytree that round-trips through Orbax
-``StandardSave/Restore``. Every
-random draw comes from ``numpy.random.default_rng((seed, step, salt))``, so decisions are a
-deterministic function of (config, state, observations). ``observe`` composes one small pure
+``config/sagc_constants.py``, passed in as ``consts`` (None: those in force). The controller is
+tiny and runs on the host in numpy. Its whole state is an ``SAGCState`` (``state.py``) — one
+typed NamedTuple of numpy arrays with static shapes per sub-model (:data:`LAYOUT`) — a pytree
+that round-trips through Orbax ``StandardSave/Restore``. Every random draw comes from
+``numpy.random.default_rng((seed, step, salt))``, so decisions are a deterministic function of
+(config, constants, state, observations). ``observe`` composes one small pure
 update per sub-model (``updates.py``); the estimators it reads live in ``estimators.py``, the
 event definition in ``events.py``, the trainer-facing wrappers in ``policy.py``; the math is in
 docs/sagc.md.
