@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from sagc_jax import __version__
 
@@ -67,7 +68,10 @@ def _train(argv: list[str]) -> int:
         if os.environ.get("SAGC_JAX_TRACEBACK"):
             raise
         print(f"sagc-jax train: error: {_train_error(e, cfg.run.dir)}", file=sys.stderr)
-        return 2 if isinstance(e, _input_errors()) else 1
+        # A run dir removed or made read-only under the run is a runtime failure (1), though
+        # the FileNotFoundError it raises would read as a missing input (2).
+        runtime = _os_errno(e) in _STORAGE and cfg.run.dir in str(e)
+        return 2 if isinstance(e, _input_errors()) and not runtime else 1
     if row:
         print(f"[sagc-jax] done: step {row['step']}, reward {row['reward_mean']:.3f}, "
               f"G={row['group_size']}; outputs in {cfg.run.dir}")
@@ -94,6 +98,22 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 _DISK_FULL = ("No space left on device", "os_error_code='28'")
 
 
+def _os_errno(e: BaseException | None) -> int | None:
+    """The OS error number behind `e` (its chain searched): an OSError's, or the
+    `os_error_code='N'` Tensorstore puts in the text of the errors of Orbax's writes."""
+    import re
+
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError) and e.errno:
+            return e.errno
+        m = re.search(r"os_error_code='(\d+)'", str(e))
+        if m:
+            return int(m.group(1))
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
+
+
 def _is_disk_full(e: BaseException | None) -> bool:
     """ENOSPC as an OSError, or as Tensorstore's RESOURCE_EXHAUSTED text (Orbax's writes)."""
     import errno
@@ -108,12 +128,29 @@ def _is_disk_full(e: BaseException | None) -> bool:
     return False
 
 
+def _is_os_error(e: BaseException | None) -> bool:
+    """An OS-level write failure (read-only filesystem, a removed directory...) as Tensorstore
+    reports it inside Orbax: a ValueError whose text carries `os_error_code='N'`."""
+    return e is not None and "os_error_code=" in str(e)
+
+
+# What a failed write of the run dir means, and what to do (by errno).
+_STORAGE = {30: "read-only file system; the checkpoints written before are kept (a partial one "
+                "is ignored). Make it writable and rerun the same command to resume",
+            2: "a file or directory of the run was removed while it ran. Rerun the same command: "
+               "it resumes from the checkpoints left, or starts again"}
+
+
 def _train_error(e: BaseException, run_dir: str) -> str:
-    """One line for a failed run: a full disk says what is kept; long messages are cut."""
+    """One line for a failed run: a full disk, a read-only or vanished run dir say what is kept;
+    long messages are cut."""
     if _is_disk_full(e):
         return (f"run.dir {run_dir}: no space left on device; the checkpoints written before "
                 "are kept (a partial one is ignored). Free some space and rerun the same command "
                 "to resume")
+    code = _os_errno(e)
+    if code in _STORAGE and run_dir in str(e):  # a write of the run dir, not an input file
+        return f"run.dir {run_dir}: {_STORAGE[code]}"
     text = " ".join(str(e).split()) or type(e).__name__
     return text if len(text) <= 800 else f"{text[:500]} ... {text[-250:]}"
 
@@ -127,7 +164,7 @@ class _NoTraceback(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, OSError) or _is_disk_full(exc) or any(
-                m in record.getMessage() for m in _DISK_FULL):
+                m in record.getMessage() for m in _DISK_FULL) or _is_os_error(exc):
             return False
         if record.levelno >= logging.ERROR and "background save thread" in record.getMessage():
             return False  # Orbax re-raises it to the caller, which reports it
@@ -141,9 +178,13 @@ def _quiet_library_tracebacks() -> None:
     the main thread meets too and reports."""
     import threading
 
-    log = logging.getLogger("absl")
-    if not any(isinstance(f, _NoTraceback) for f in log.filters):
-        log.addFilter(_NoTraceback())
+    # asyncio: Orbax's write tasks that failed with the same full disk or read-only filesystem
+    # are logged once more ("Task exception was never retrieved") when collected at exit.
+    for name in ("absl", "asyncio"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _NoTraceback) for f in log.filters):
+            log.addFilter(_NoTraceback())
+    _quiet_closed_loop_callbacks()
     default = threading.excepthook
     if getattr(default, "_sagc_quiet", False):
         return
@@ -154,6 +195,24 @@ def _quiet_library_tracebacks() -> None:
 
     hook._sagc_quiet = True  # type: ignore[attr-defined]
     threading.excepthook = hook
+
+
+def _quiet_closed_loop_callbacks() -> None:
+    """After a failed background save, Orbax closes its event loop while Tensorstore writes are
+    still in flight; each one completing later calls back into the closed loop, and Python
+    prints "RuntimeError: Event loop is closed" with a traceback per write (after the
+    command's own one-line error). Only those are dropped."""
+    default = sys.unraisablehook
+    if getattr(default, "_sagc_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if not (isinstance(args.exc_value, RuntimeError)
+                and str(args.exc_value) == "Event loop is closed"):
+            default(args)
+
+    hook._sagc_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def _writable_file(path: str) -> str | None:
