@@ -168,6 +168,10 @@ class _NoTraceback(logging.Filter):
             return False
         if record.levelno >= logging.ERROR and "background save thread" in record.getMessage():
             return False  # Orbax re-raises it to the caller, which reports it
+        if "after interpreter shutdown" in record.getMessage():
+            # A save abandoned by a hard stop (a second Ctrl-C): its threads fail as Python
+            # exits, after the command's one line; the next run ignores the partial step.
+            return False
         record.exc_info, record.exc_text, record.stack_info = None, None, None
         return True
 

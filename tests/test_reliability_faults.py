@@ -163,6 +163,24 @@ def test_read_only_and_removed_run_dirs_are_one_runtime_line():
     assert "removed" not in cli._train_error(other, run_dir)  # an input file: not the run dir
 
 
+def test_a_save_abandoned_by_a_hard_stop_logs_nothing_after_the_line(capsys):
+    """A second signal during a checkpoint write: Orbax's commit thread logged 'cannot
+    schedule new futures after interpreter shutdown' (absl ERROR) after the one line."""
+    import logging
+
+    cli._quiet_library_tracebacks()
+    handler = logging.StreamHandler()
+    log = logging.getLogger("absl")
+    log.addHandler(handler)
+    try:
+        log.error("[thread=write_metadata_after_commits] _SignalingThread.run() raised an "
+                  "exception: cannot schedule new futures after interpreter shutdown")
+        log.error("something else")
+    finally:
+        log.removeHandler(handler)
+    assert capsys.readouterr().err.splitlines() == ["something else"]
+
+
 def test_closed_event_loop_callbacks_are_dropped_and_nothing_else(tmp_path):
     """After a failed background save, each Tensorstore write completing later printed
     'RuntimeError: Event loop is closed' with a traceback; other unraisables still print."""
