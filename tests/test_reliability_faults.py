@@ -26,7 +26,7 @@ from reliability import signal_phases, storage  # noqa: E402
 from reliability.inject import run_child  # noqa: E402
 from reliability.kills import child_env  # noqa: E402
 
-from sagc_jax import cli  # noqa: E402
+from sagc_jax import cli_errors  # noqa: E402
 from sagc_jax.metrics import RunWriter, truncate_after  # noqa: E402
 from sagc_jax.train import loop  # noqa: E402
 
@@ -154,13 +154,13 @@ def test_read_only_and_removed_run_dirs_are_one_runtime_line():
     run_dir = "/mnt/x/run"
     ro = ValueError(f'PERMISSION_DENIED: Failed to create directory: "{run_dir}/checkpoints/6.'
                     "orbax-checkpoint-tmp\": Read-only file system [os_error_code='30']")
-    line = cli._train_error(ro, run_dir)
+    line = cli_errors._train_error(ro, run_dir)
     assert line.startswith(f"run.dir {run_dir}: read-only file system") and "\n" not in line
     gone = FileNotFoundError(errno.ENOENT, "No such file or directory", f"{run_dir}/m.jsonl")
-    assert "removed while it ran" in cli._train_error(gone, run_dir)
-    assert cli._os_errno(gone) == errno.ENOENT and cli._os_errno(ro) == errno.EROFS
+    assert "removed while it ran" in cli_errors._train_error(gone, run_dir)
+    assert cli_errors._os_errno(gone) == errno.ENOENT and cli_errors._os_errno(ro) == errno.EROFS
     other = FileNotFoundError(errno.ENOENT, "No such file", "/data/train.jsonl")
-    assert "removed" not in cli._train_error(other, run_dir)  # an input file: not the run dir
+    assert "removed" not in cli_errors._train_error(other, run_dir)  # an input file
 
 
 def test_a_save_abandoned_by_a_hard_stop_logs_nothing_after_the_line(capsys):
@@ -168,7 +168,7 @@ def test_a_save_abandoned_by_a_hard_stop_logs_nothing_after_the_line(capsys):
     schedule new futures after interpreter shutdown' (absl ERROR) after the one line."""
     import logging
 
-    cli._quiet_library_tracebacks()
+    cli_errors._quiet_library_tracebacks()
     handler = logging.StreamHandler()
     log = logging.getLogger("absl")
     log.addHandler(handler)
@@ -185,7 +185,7 @@ def test_closed_event_loop_callbacks_are_dropped_and_nothing_else(tmp_path):
     """After a failed background save, each Tensorstore write completing later printed
     'RuntimeError: Event loop is closed' with a traceback; other unraisables still print."""
     code = (
-        "import sys; from sagc_jax import cli; cli._quiet_closed_loop_callbacks()\n"
+        "import sys; from sagc_jax import cli_errors; cli_errors._quiet_closed_loop_callbacks()\n"
         "class A:\n    def __del__(self): raise RuntimeError('Event loop is closed')\n"
         "class B:\n    def __del__(self): raise RuntimeError('something else')\n"
         "A(); B()\n")
