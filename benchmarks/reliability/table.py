@@ -36,7 +36,7 @@ PHASES = {
 
 
 def _count(c: Counter) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: str(kv[0])))
+    return ", ".join(f"{k}: {v}" for k, v in sorted(c.items(), key=lambda kv: str(kv[0])))
 
 
 def _short(line: str) -> str:
@@ -74,7 +74,7 @@ def signals_table(recs: list[dict[str, Any]]) -> str:
     out = ["| phase | cases | signals | arrived inside the phase | exit codes | rerun: "
            "identical to the uninterrupted run | failures |", "|---|---|---|---|---|---|---|"]
     for phase, rows in by.items():
-        sigs = Counter(f"{r['signal']}{' x2' if r['count'] > 1 else ''}" for r in rows)
+        sigs = Counter(f"{r['signal']}{' twice' if r['count'] > 1 else ''}" for r in rows)
         inside = sum(bool(r["inside"]) for r in rows)
         codes = Counter(r["exit_code"] for r in rows)
         same = sum(bool(r["resumed_identical"]) for r in rows)
