@@ -8,6 +8,15 @@ import os
 import sys
 
 from sagc_jax import __version__
+from sagc_jax.cli_errors import (  # noqa: F401  (tests import them from here too)
+    _STORAGE,
+    _input_errors,
+    _is_disk_full,
+    _os_errno,
+    _quiet_closed_loop_callbacks,
+    _quiet_library_tracebacks,
+    _train_error,
+)
 
 
 def _train(argv: list[str]) -> int:
@@ -67,93 +76,14 @@ def _train(argv: list[str]) -> int:
         if os.environ.get("SAGC_JAX_TRACEBACK"):
             raise
         print(f"sagc-jax train: error: {_train_error(e, cfg.run.dir)}", file=sys.stderr)
-        return 2 if isinstance(e, _input_errors()) else 1
+        # A run dir removed or made read-only under the run is a runtime failure (1), though
+        # the FileNotFoundError it raises would read as a missing input (2).
+        runtime = _os_errno(e) in _STORAGE and cfg.run.dir in str(e)
+        return 2 if isinstance(e, _input_errors()) and not runtime else 1
     if row:
         print(f"[sagc-jax] done: step {row['step']}, reward {row['reward_mean']:.3f}, "
               f"G={row['group_size']}; outputs in {cfg.run.dir}")
     return 0
-
-
-def _input_errors() -> tuple[type[BaseException], ...]:
-    """Errors that mean bad config or input (exit 2); anything else is a runtime failure (1)."""
-    from sagc_jax.checkpoint import CheckpointMismatchError
-    from sagc_jax.config import ConfigError
-    from sagc_jax.data.readers import DataError
-    from sagc_jax.data.tokenizer import TokenizerError
-    from sagc_jax.models.config import ModelConfigError
-    from sagc_jax.models.hf import ModelFileError
-    from sagc_jax.rl.rewards import RewardNameError
-    from sagc_jax.runlock import RunDirLocked
-
-    # FileNotFound / FileExists before step 1: init.params, model.path, run.resume vs run.dir.
-    return (ConfigError, DataError, TokenizerError, ModelFileError, ModelConfigError,
-            RewardNameError, CheckpointMismatchError, RunDirLocked, FileNotFoundError,
-            FileExistsError)
-
-
-_DISK_FULL = ("No space left on device", "os_error_code='28'")
-
-
-def _is_disk_full(e: BaseException | None) -> bool:
-    """ENOSPC as an OSError, or as Tensorstore's RESOURCE_EXHAUSTED text (Orbax's writes)."""
-    import errno
-
-    seen = 0
-    while e is not None and seen < 8:
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return True
-        if any(m in str(e) for m in _DISK_FULL):
-            return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return False
-
-
-def _train_error(e: BaseException, run_dir: str) -> str:
-    """One line for a failed run: a full disk says what is kept; long messages are cut."""
-    if _is_disk_full(e):
-        return (f"run.dir {run_dir}: no space left on device; the checkpoints written before "
-                "are kept (a partial one is ignored). Free some space and rerun the same command "
-                "to resume")
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= 800 else f"{text[:500]} ... {text[-250:]}"
-
-
-class _NoTraceback(logging.Filter):
-    """For library loggers that log exceptions with their traceback (Orbax via absl): the
-    exception reaches the command too, which reports it in one line, so the record keeps only
-    its message — and the records of a failed write (an I/O error, a full disk in a background
-    save) are dropped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, OSError) or _is_disk_full(exc) or any(
-                m in record.getMessage() for m in _DISK_FULL):
-            return False
-        if record.levelno >= logging.ERROR and "background save thread" in record.getMessage():
-            return False  # Orbax re-raises it to the caller, which reports it
-        record.exc_info, record.exc_text, record.stack_info = None, None, None
-        return True
-
-
-def _quiet_library_tracebacks() -> None:
-    """Library tracebacks that would bury the command's own one-line error: absl log records
-    (`_NoTraceback`) and a full disk in a background writer thread (TensorBoard's), which
-    the main thread meets too and reports."""
-    import threading
-
-    log = logging.getLogger("absl")
-    if not any(isinstance(f, _NoTraceback) for f in log.filters):
-        log.addFilter(_NoTraceback())
-    default = threading.excepthook
-    if getattr(default, "_sagc_quiet", False):
-        return
-
-    def hook(args: threading.ExceptHookArgs) -> None:
-        if not _is_disk_full(args.exc_value):
-            default(args)
-
-    hook._sagc_quiet = True  # type: ignore[attr-defined]
-    threading.excepthook = hook
 
 
 def _writable_file(path: str) -> str | None:

@@ -7,6 +7,7 @@ continues the same files (rows past the restored step are dropped first, see `tr
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -33,14 +34,23 @@ def truncate_after(path: Path, step: int) -> None:
     """Drops JSONL rows with `step` > step (written after the checkpoint a resume starts from)."""
     if not path.exists():
         return
-    keep = []
-    for line in path.read_text().splitlines():
+    keep, lines = [], path.read_text().splitlines()
+    for line in lines:
         try:
             if json.loads(line).get("step", 0) <= step:
                 keep.append(line)
         except json.JSONDecodeError:
-            continue  # a row cut short by a kill
-    path.write_text("".join(x + "\n" for x in keep))
+            continue  # a row cut short by a kill or a full disk
+    if keep == lines:
+        return
+    # Replaced whole, never rewritten in place: a disk still full would otherwise leave the
+    # file truncated, the rows the checkpoints cover lost.
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text("".join(x + "\n" for x in keep))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _abandon_tensorboard(tb: Any) -> None:
@@ -58,6 +68,17 @@ def _abandon_tensorboard(tb: Any) -> None:
         ew._closed = True
 
 
+def _tensorboard_failed(tb: Any) -> bool:
+    """Whether a TensorBoard writer thread died: tensorboardX leaves it dead after a failed
+    write (a full disk, a read-only or removed directory), and events put for it are lost."""
+    for fw in [*getattr(tb, "all_writers", {}).values(), getattr(tb, "file_writer", None)]:
+        ew = getattr(fw, "event_writer", None)
+        worker = getattr(ew, "_worker", None)
+        if worker is not None and not getattr(ew, "_closed", True) and not worker.is_alive():
+            return True
+    return False
+
+
 class RunWriter:
     """Appends per-step metrics and per-group traces; TensorBoard scalars."""
 
@@ -71,12 +92,26 @@ class RunWriter:
         if enabled and tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.dir / "tensorboard"))
+            # A queue far longer than the events of one row: with a dead writer thread
+            # (`_tensorboard_failed`, checked every row) a put never blocks — with the default
+            # 10 the run hung there after its disk filled.
+            self._tb = SummaryWriter(str(self.dir / "tensorboard"), max_queue=1000)
 
     def resume_from(self, step: int) -> None:
         if self.enabled:
             truncate_after(self.metrics_path, step)
             truncate_after(self.trace_path, step)
+
+    def missing_rows(self, step: int) -> list[int]:
+        """Steps 1..`step` without a metrics row (a resumed run's history must be whole)."""
+        if not self.enabled or step == 0:
+            return []
+        have = set()
+        if self.metrics_path.exists():
+            for line in self.metrics_path.read_text().splitlines():
+                with contextlib.suppress(ValueError, AttributeError):
+                    have.add(json.loads(line).get("step"))
+        return [s for s in range(1, step + 1) if s not in have]
 
     def write(self, row: dict[str, Any], trace: dict[str, Any] | None = None) -> None:
         if not self.enabled:
@@ -88,9 +123,22 @@ class RunWriter:
             with self.trace_path.open("a") as f:
                 f.write(json.dumps(trace) + "\n")
         if self._tb is not None:
+            if _tensorboard_failed(self._tb):
+                self._tensorboard_error()
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self._tb.add_scalar(k, v, row["step"])
+
+    def _tensorboard_error(self) -> None:
+        """Raises the dead TensorBoard writer's error: flushing its pending bytes from this
+        thread meets it again (ENOSPC...); else an EIO naming its directory."""
+        tb, self._tb = self._tb, None
+        try:
+            tb.flush()
+        finally:
+            _abandon_tensorboard(tb)
+        raise OSError(errno.EIO, f"the TensorBoard writer of {self.dir / 'tensorboard'} "
+                      "stopped: a write of its event file failed")
 
     def close(self) -> None:
         """Flushes and closes TensorBoard (the JSONL files are closed after every write)."""

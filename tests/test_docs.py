@@ -151,3 +151,20 @@ def test_link_and_name_checks_catch_missing(tmp_path: pathlib.Path) -> None:
         "docs/page.md: broken link (pic.png)",
         "docs/page.md: names a missing file DESIGN.md",
     ]
+
+
+def test_main_job_figures_are_regenerated_from_the_committed_run() -> None:
+    """README's main-job row and docs/results/tiny_cpu.md's table are what
+    `scripts/main_job_figures.py` prints from the run's committed raw files."""
+    import re
+    import subprocess
+
+    out = subprocess.run([sys.executable, "scripts/main_job_figures.py", "docs/results/tiny_cpu"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+    assert out in (ROOT / "docs" / "results" / "tiny_cpu.md").read_text()
+    reward = re.search(r"completions\) \| ([\d.]+) \| \*\*([\d.]+)\*\*", out).groups()
+    held = re.search(r"accuracy \| ([\d.]+) \| \*\*([\d.]+)\*\*", out).groups()
+    row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+               if ln.startswith("| main job"))
+    assert f"reward {reward[0]} → **{reward[1]}**" in row, row
+    assert f"held-out {held[0]} → **{held[1]}**" in row, row

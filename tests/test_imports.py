@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rollout", "evaluate", "export"),
     ("train", "compiled_memory", "dryrun_report", "dryrun"),
     ("experiments",),
-    ("cli",),
+    ("cli", "cli_errors"),
 )
 
 

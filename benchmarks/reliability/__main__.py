@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `reliability` as a package
 
@@ -26,8 +27,13 @@ from reliability.fuzz_tasks import KINDS as TASK_KINDS
 from reliability.fuzz_tasks import run_task_fuzz
 from reliability.kills import run_kills
 from reliability.rewards_e2e import run_reward_cases
+from reliability.signal_phases import PHASES as SIGNAL_PHASES
+from reliability.signal_phases import run_signals
+from reliability.storage import KINDS as STORAGE_KINDS
+from reliability.storage import run_storage
 
-PARTS = ("config", "data", "ckpt", "models", "tasks", "resume", "rewards", "kills")
+PARTS = ("config", "data", "ckpt", "models", "tasks", "resume", "rewards", "kills", "storage",
+         "signals")
 
 
 def _show(name: str, tried: int, outcomes: dict, failures: list, seconds: float) -> None:
@@ -37,6 +43,37 @@ def _show(name: str, tried: int, outcomes: dict, failures: list, seconds: float)
     for f in failures[:10]:
         print(f"  FAILURE {str(f)[:400]}")
     sys.stdout.flush()
+
+
+_TITLES = {
+    "storage": "storage faults on a tmpfs of its own (disk full while a checkpoint, the warm "
+               "start or a metrics row is written; too small from the start; read-only at start, "
+               "on resume, mid-run; run dir removed mid-run), each rerun to the end",
+    "signals": "SIGTERM / SIGINT, once or twice, in every phase (build, SFT, its save, compile, "
+               "held-out eval, step, checkpoint write), each rerun to the end",
+}
+
+
+def _case_part(part: str, run_part: Any, n: int, seed: int, work: Path, record: str | None,
+               totals: dict[str, int]) -> None:
+    """A harness of one record per case (storage, signals): runs it, prints, writes the record,
+    counts its problems into `totals`."""
+    t0 = time.time()
+
+    def report(i: int, rec: dict) -> None:
+        print(f"  {part} case {i} ({rec.get('kind') or rec.get('phase')}): {rec['outcome']} "
+              f"({time.time() - t0:.0f} s)", flush=True)
+
+    r = run_part(n, seed, work, report=report)
+    _show(_TITLES[part], r.tried, r.outcomes, r.failures, time.time() - t0)
+    if record:
+        with open(record, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(rec) + "\n" for rec in r.records)
+    problems = [x for f in r.failures for x in f[2]]
+    totals["failures"] += len(r.failures)
+    totals["tracebacks"] += sum("traceback" in x for x in problems)
+    totals["lost_or_dup"] += sum("lost" in x or "duplicated" in x for x in problems)
+    totals["silent"] += sum("differ" in x or "fallback" in x for x in problems)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume-record", help="write the changed-config resume cases' per-case "
                    "record (JSON lines) here (docs/results/reliability_resume.jsonl)")
     p.add_argument("--kills", type=int, default=24, help="kill -9 moments (at least)")
+    p.add_argument("--storage-cases", type=int, default=6,
+                   help=f"storage faults per kind ({len(STORAGE_KINDS)} kinds)")
+    p.add_argument("--storage-record", help="write the storage cases' per-case record (JSON "
+                   "lines) here (docs/results/reliability_storage.jsonl)")
+    p.add_argument("--signal-cases", type=int, default=6,
+                   help=f"signals per phase ({len(SIGNAL_PHASES)} phases)")
+    p.add_argument("--signal-record", help="write the signal cases' per-case record (JSON "
+                   "lines) here (docs/results/reliability_signals.jsonl)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", action="append", choices=PARTS, help="run only these parts")
     p.add_argument("--work", help="directory for the runs (default: a temporary one); the "
@@ -150,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         totals["lost_or_dup"] += sum(any("lost" in x or "duplicated" in x for x in f[2])
                                      for f in r.failures)
         totals["silent"] += sum(any("differ" in x for x in f[2]) for f in r.failures)
+    for part, run_part, n, record in (
+            ("storage", run_storage, args.storage_cases, args.storage_record),
+            ("signals", run_signals, args.signal_cases, args.signal_record)):
+        if part in parts:
+            _case_part(part, run_part, n, args.seed, work / part, record, totals)
     print(f"\nTOTAL: {totals['failures']} failed cases, {totals['tracebacks']} tracebacks, "
           f"{totals['silent']} silent corruptions, {totals['lost_or_dup']} lost or duplicated "
           "steps")

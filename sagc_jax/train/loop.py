@@ -178,6 +178,11 @@ def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> str:
     if copy_ref:  # with LoRA the reference is the restored base: checkpoints/initial unread
         run.learner.ref_params = run.ckpt.restore_initial(run.state.params)
     run.writer.resume_from(run.state.step)
+    if (missing := run.writer.missing_rows(run.state.step)):
+        raise ckpt.CheckpointMismatchError(
+            f"run.dir {run.run_dir}: checkpoint step {run.state.step} but metrics.jsonl has no "
+            f"rows for steps {missing[0]}..{missing[-1]} (was the run dir removed or edited "
+            "while a run wrote it?); move it aside and rerun to start again")
     return f"resumed from step {run.state.step}"
 
 
@@ -306,6 +311,7 @@ def guarded_step(run: Run, step: int) -> dict[str, Any]:
     try:
         return train_one(run, step)
     except Exception as e:
+        _check_run_dir(run)
         run.prompts.set_state(data_states)
         run.policy.load_state(sagc_state)
         run.ckpt.save(step, _snapshot(run, step), force=True)
@@ -314,6 +320,15 @@ def guarded_step(run: Run, step: int) -> dict[str, Any]:
         if isinstance(e, TrainingError):
             raise TrainingError(f"{e} ({where})") from e
         raise TrainingError(f"step {step + 1} failed: {type(e).__name__}: {e} ({where})") from e
+
+
+def _check_run_dir(run: Run) -> None:
+    """Before a checkpoint is written: a run dir removed under the run would be recreated by the
+    save with checkpoints but none of the metrics rows before them (steps lost on resume)."""
+    if run.hosts.is_main and not (run.run_dir / "config.yaml").is_file():
+        raise TrainingError(f"run.dir {run.run_dir}: removed while the run was writing it "
+                            "(config.yaml is gone); nothing more is saved. Rerun the same "
+                            "command to start again")
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -346,13 +361,17 @@ def _close_writer(run: Run) -> None:
 
 def _close(run: Run, *, quietly: bool) -> None:
     """Finishes pending checkpoint writes and the metrics writer; when the run is already
-    failing (`quietly`), their own errors (often the same full disk) are not raised again."""
+    failing (`quietly`), their own errors (often the same full disk) are not raised again.
+    Both are always tried: a writer left open when the checkpoint wait fails would flush at
+    interpreter exit (TensorBoard's atexit hook) into the same full disk, with a traceback."""
+    first: Exception | None = None
     for fn in (run.ckpt.wait, lambda: _close_writer(run)):
         try:
             fn()
-        except Exception:
-            if not quietly:
-                raise
+        except Exception as e:
+            first = first or e
+    if first is not None and not quietly:
+        raise first
 
 
 def run_loop(run: Run, stop: StopFlag | None = None) -> dict[str, Any]:
@@ -393,6 +412,7 @@ def _run(run: Run, stop: StopFlag | None, check: Callable[[str], None]) -> dict[
         last = guarded_step(run, step)
         _report(run, bar, step, last)
         done = step + 1
+        _check_run_dir(run)
         if stop is not None and stop.set:
             run.ckpt.save(done, _snapshot(run, done), force=True)
             run.ckpt.wait()
