@@ -191,7 +191,7 @@ def warm_up(run: Run, check: Callable[[str], None] = _no_stop) -> float:
     if run.eval is not None:
         run.eval.sampler.compile_all(progress=run.show_progress)
         check(where)
-    run.learner.warm_up(run.state, run.plan)
+    run.learner.warm_up(run.state)
     check(where)
     # Host-side eager ops (key derivation, the lr schedule for logging) compile once per
     # signature: do it here so `compiles` is 0 from step 1 on.
@@ -229,10 +229,7 @@ def train_one(run: Run, step: int) -> dict[str, Any]:
                  settings=run.collect_settings, hosts=hosts)
     rollout_s = time.perf_counter() - t0
     gv, plen = global_view(ro, hosts)
-    batch = make_batch(ro, prompt_len=run.sampler.prompt_bucket_for(plen),
-                       completion_len=run.plan.completion_bucket(int(gv.lengths.max())),
-                       num_groups=num_prompts, pad_id=run.pad_id,
-                       mask_truncated=cfg.algo.mask_truncated)
+    batch = make_batch(ro, run.layout, hosts)
     t0 = time.perf_counter()
     run.state, m = run.learner.update(run.state, batch)
     train_s = time.perf_counter() - t0
@@ -245,7 +242,8 @@ def train_one(run: Run, step: int) -> dict[str, Any]:
     sagc_m = run.policy.observe(observation_from(
         ro, cfg.sagc, max_new_tokens=cfg.sampling.max_new_tokens,
         decode_chunk=cfg.sampling.decode_chunk, agree_seconds=hosts.seconds))
-    row = metrics_row(run, step, gv, m, sagc_m, batch.prompt_len, batch.completion_len)
+    row = metrics_row(run, step, gv, m, sagc_m, run.sampler.prompt_bucket_for(plen),
+                      run.layout.completion_len)
     row.update(rollout_s=rollout_s, train_s=train_s)
     ev = cfg.run.eval_every
     if run.eval is not None and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
