@@ -23,7 +23,7 @@ from sagc_jax.rl.batch import LayoutSpec, make_batch
 from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.sampling import compile_count
 from sagc_jax.train.learner import Learner
-from sagc_jax.train.state import TrainState, init_opt_state
+from sagc_jax.train.state import RunState, init_opt_state
 from sagc_jax.train.steps import CompiledSteps
 
 CFG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -59,11 +59,11 @@ def _layout_update(ro, settings, opt, params, *, iterations=1, ref=None, share=T
     st, p, o = _steps(settings, opt, params, mesh_shape=mesh_shape, chunk_sizes=chunk_sizes)
     st = steps or st
     learner = Learner(st, beta=settings.beta, num_iterations=iterations)
-    learner.ref_params = ref
     spec = LayoutSpec(seqs=S, completion_len=N, pack_len=PACK_LEN, chunk_sizes=chunk_sizes,
                       share_prompts=share, mask_truncated=True)
     batch = make_batch(ro, spec)
-    state, m = learner.update(TrainState(p, o, 0), batch)
+    state, m = learner.update(RunState(p, o, ref_params=ref, step=3), batch)
+    assert state.step == (3 if m["finite"] < 1 else 4)  # the update is step's only writer
     return state.params, m, batch, st
 
 
@@ -145,10 +145,10 @@ def test_no_compile_after_warm_up_for_any_g_or_length():
     params = _model()[1]
     steps, p, o = _steps(settings, optax.sgd(0.1), params, chunk_sizes=(4, 1))
     learner = Learner(steps, beta=0.04, num_iterations=2)
-    learner.ref_params = jax.tree.map(lambda x: x + 0.01, p)
-    learner.warm_up(TrainState(p, o, 0))
+    state = RunState(p, o, ref_params=jax.tree.map(lambda x: x + 0.01, p))
+    learner.warm_up(state)
     spec = LayoutSpec(seqs=S, completion_len=N, pack_len=PACK_LEN, chunk_sizes=(4, 1))
-    state, chunks = TrainState(p, o, 0), set()
+    chunks = set()
     c0 = compile_count()
     for i, g in enumerate((4, 2, 1, 4)):
         ro = _ro(20 + i, g=g, drop=())

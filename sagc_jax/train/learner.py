@@ -3,13 +3,14 @@ update (`train.steps.CompiledSteps`) over the batch's layout (`rl.batch`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from sagc_jax.models.lora import adapter_zeros, disable_adapters
 from sagc_jax.rl.batch import TrainBatch
 from sagc_jax.rl.train_step import LossSettings
-from sagc_jax.train.state import TrainState
+from sagc_jax.train.state import RunState
 from sagc_jax.train.steps import CompiledSteps
 
 
@@ -30,38 +31,37 @@ def loss_settings(cfg: Any) -> LossSettings:
 class Learner:
     """`update(state, batch) -> (state, metrics)`: μ GRPO iterations of one compiled update.
 
-    Reports `train_token_util`: slots holding a token the loss needs ÷ slots the forward
-    computes (a shared prompt counts once per row that computes it).
-    ref_params: the frozen KL reference (set by the loop when `algo.beta > 0`); None with
-    `algo.beta > 0` means the policy's own base with its LoRA adapters off
-    (`lora.disable_adapters`: shares the base's arrays, no second copy of the weights).
+    The only writer of `RunState.step`. Reports `train_token_util`: slots holding a token the
+    loss needs ÷ slots the forward computes (a shared prompt counts once per row that computes
+    it). The KL reference is `state.ref_params`; None with `algo.beta > 0` means the policy's
+    own base with its LoRA adapters off (`lora.disable_adapters`: shares the base's arrays, no
+    second copy of the weights).
     """
 
     def __init__(self, steps: CompiledSteps, *, beta: float, num_iterations: int):
         self.steps = steps
         self.beta = beta
         self.num_iterations = num_iterations
-        self.ref_params: Any = None
         self._adapter_zeros: Any = None
 
-    def reference(self, params: Any) -> Any:
-        """The KL reference's params for the policy `params` (read before they are donated)."""
-        if self.ref_params is not None:
-            return self.ref_params
+    def reference(self, state: RunState) -> Any:
+        """The KL reference's params (read before the policy's params are donated)."""
+        if state.ref_params is not None:
+            return state.ref_params
         if self._adapter_zeros is None:  # made once: adapter-sized, on the adapters' devices
-            self._adapter_zeros = adapter_zeros(params)
-        return disable_adapters(params, self._adapter_zeros)
+            self._adapter_zeros = adapter_zeros(state.params)
+        return disable_adapters(state.params, self._adapter_zeros)
 
     @property
     def needs_logprobs(self) -> bool:
         """Whether updates run a separate log-prob pass (KL reference or μ > 1)."""
         return self.beta > 0 or self.num_iterations > 1
 
-    def warm_up(self, state: TrainState) -> None:
+    def warm_up(self, state: RunState) -> None:
         """Compiles every train-step program ahead of time."""
         self.steps.warm_up(state.params, state.opt_state, self.needs_logprobs)
 
-    def update(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, float]]:
+    def update(self, state: RunState, batch: TrainBatch) -> tuple[RunState, dict[str, float]]:
         """The new state and the metrics averaged over μ iterations; a non-finite loss stops
         early with `finite = 0` in the metrics (params of that iteration were not updated).
 
@@ -70,14 +70,14 @@ class Learner:
         st = self.steps
         chunks, seqs = st.to_device(batch)
         if self.beta > 0:
-            seqs["ref_logprobs"] = st.logprobs(self.reference(state.params), chunks, seqs)
+            seqs["ref_logprobs"] = st.logprobs(self.reference(state), chunks, seqs)
         if self.num_iterations > 1:
             # μ > 1: the ratio is against the policy that sampled, recomputed in full precision.
             seqs["old_logprobs"] = st.logprobs(state.params, chunks, seqs)
         return self._iterate(state, lambda p, o: st.update(p, o, chunks, seqs), batch.token_util)
 
-    def _iterate(self, state: TrainState, step: Callable,
-                 util: float) -> tuple[TrainState, dict[str, float]]:
+    def _iterate(self, state: RunState, step: Callable,
+                 util: float) -> tuple[RunState, dict[str, float]]:
         """μ iterations of `step(params, opt_state) -> (params, opt_state, metrics)`."""
         params, opt_state = state.params, state.opt_state
         sums: dict[str, float] = {}
@@ -85,8 +85,9 @@ class Learner:
             params, opt_state, m = step(params, opt_state)
             m = {k: float(v) for k, v in m.items()}
             if m["finite"] < 1:
-                return TrainState(params, opt_state, state.step), m
+                return dataclasses.replace(state, params=params, opt_state=opt_state), m
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v / self.num_iterations
         sums["train_token_util"] = util
-        return TrainState(params, opt_state, state.step + 1), sums
+        return dataclasses.replace(state, params=params, opt_state=opt_state,
+                                   step=state.step + 1), sums

@@ -1,7 +1,9 @@
 """Everything a training run is built from, derived from a Config once (`build_run`).
 
 Nothing here trains: the loop (`train.loop`) restores or initialises the state, warms up and
-steps. Params live only in `Run.state`; the samplers get them passed on every call.
+steps. The built params and optimizer state are `Run.initial`, handed over once to the loop
+(`Run.take_initial`), which then passes its `RunState` through every step; the samplers get
+the params passed on every call.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from sagc_jax.sagc import make_policy
 from sagc_jax.sampling import Sampler, SamplingConfig
 from sagc_jax.shapes import ShapePlan
 from sagc_jax.train.learner import Learner, loss_settings
-from sagc_jax.train.state import TrainState, init_opt_state
+from sagc_jax.train.state import RunState, init_opt_state
 from sagc_jax.train.steps import CompiledSteps
 
 logger = logging.getLogger("sagc_jax.train")
@@ -51,7 +53,8 @@ class EvalSet:
 
 @dataclasses.dataclass
 class Run:
-    """A built run. `state` is the only copy of params and optimizer state."""
+    """A built run. `initial`: the built (fresh) state, until the loop takes it over
+    (`take_initial`); from then on the loop's `RunState` is the only copy of the params."""
 
     cfg: Config
     hosts: Hosts
@@ -62,7 +65,7 @@ class Run:
     model_cfg: ModelConfig
     graphdef: nnx.GraphDef
     param_shardings: Any
-    state: TrainState
+    initial: RunState | None
     learner: Learner
     layout: LayoutSpec
     lr_schedule: Any
@@ -78,6 +81,14 @@ class Run:
     progress: bool
     run_dir: Path
     timing: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def take_initial(self) -> RunState:
+        """The built state, handed over once: the run keeps no reference, so a restored or
+        updated state leaves no second copy of the params alive."""
+        if self.initial is None:
+            raise RuntimeError("Run.take_initial: the built state was already taken")
+        state, self.initial = self.initial, None
+        return state
 
     @property
     def show_progress(self) -> bool:
@@ -223,7 +234,7 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     return Run(
         cfg=cfg, hosts=hosts, mesh=mesh, plan=plan, tokenizer=tokenizer, pad_id=pad_id,
         model_cfg=model_cfg, graphdef=graphdef, param_shardings=param_shardings,
-        state=TrainState(params, opt_state, 0), learner=learner, layout=layout,
+        initial=RunState(params, opt_state), learner=learner, layout=layout,
         lr_schedule=make_schedule(cfg.optim, cfg.run.steps), policy=_make_policy(cfg),
         reward_fns=reward_fns, sampler=sampler,
         prompts=_prompt_stream(cfg, plan, hosts, train_examples, tokenizer),
