@@ -4,9 +4,8 @@
       -> state, m = learner.update(state, batch) -> policy.observe(observation_from(rollout))
       -> writer.write(row)
 
-The run's state (`train.state.RunState`: params, optimizer state, KL reference, step, SAGC
-state, data position) is passed through: `train_one(run, state, step) -> (state, row)`, and a
-checkpoint is a `RunState`.
+The run's state (`train.state.RunState`) is passed through, `train_one(run, state, step) ->
+(state, row)`; a checkpoint is a `RunState`.
 
 `train(cfg)`: build -> restore-or-init (resume, or `init.params`, or the SFT warm start) ->
 warm-up (every shape of the plan compiled before step 1, so `compiles` stays 0 while G moves)
