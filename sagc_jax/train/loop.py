@@ -277,14 +277,14 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
             t0 = time.perf_counter()
             row["eval_accuracy"] = eval_greedy(run, new.params)
             row["eval_s"] = time.perf_counter() - t0
+        row["compiles"] = compile_count() - c0
+        row["step_s"] = time.perf_counter() - t_step
+        # The host's 1-minute load average beside every measured second: a step timed on a
+        # busy machine is read as such (the `measured` clock of `sagc-jax compare`).
+        row["load_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+        run.writer.write(row, trace_row(step, gv, cfg.sampling.max_new_tokens))
     except Exception as e:
         raise _Updated(new) from e
-    row["compiles"] = compile_count() - c0
-    row["step_s"] = time.perf_counter() - t_step
-    # The host's 1-minute load average beside every measured second: a step timed on a busy
-    # machine is read as such (the `measured` clock of `sagc-jax compare`).
-    row["load_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    run.writer.write(row, trace_row(step, gv, cfg.sampling.max_new_tokens))
     return new, row
 
 
