@@ -8,10 +8,11 @@ Parts:
   env     the device, jax / package versions, the chip's peaks, and an import of every
           `sagc_jax` module; exits 2 (one line) on a device whose peaks it does not know unless
           both --peak-tflops and --peak-hbm-gbs are given. Runs first: a refusal costs seconds.
-  train   the PACKED GRPO train step (`train.packed.PackedSteps`, the path every real config
-          trains on) at the Qwen2.5-0.5B shape of configs/qwen2.5-0.5b_gsm8k_gpu.yaml (random
-          weights, bf16 compute, f32 params + AdamW, remat as the config): tokens/s and MFU
-          (`gpu_steps.py`); then the same batch in 64-row packed chunks (`fill`).
+  train   the GRPO train step (`train.steps.CompiledSteps` over the packed layout, what every
+          real config trains on) at the Qwen2.5-0.5B shape of
+          configs/qwen2.5-0.5b_gsm8k_gpu.yaml (random weights, bf16 compute, f32 params + AdamW,
+          remat as the config): tokens/s and MFU (`gpu_steps.py`); then the same batch in
+          64-row packed chunks (`fill`).
   decode  the prefix-sharing `Sampler` at 16 / 64 / 256 rows (16 prompts x G = 1 / 4 / 16, the
           GPU config's prompts_per_step): ms per decode step, prefill seconds, and the fraction
           of the HBM roofline, bytes = bf16 weights + the KV the step reads (`gpu_steps.py`).

@@ -1,6 +1,6 @@
 """The device parts of `benchmarks/gpu_bench.py`: the packed train step and prefix-sharing decode.
 
-Both build the project's own objects (`PackedSteps`, `Sampler`) from
+Both build the project's own objects (`CompiledSteps`, `Sampler`) from
 configs/qwen2.5-0.5b_gsm8k_gpu.yaml (its `model.preset` architecture, dtype, remat, buckets,
 micro-batch / pack chunk rows, loss and optimizer), with random weights: the cost of a step does
 not depend on their values. `--cpu-smoke` shrinks the model and the batch, nothing else.
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,12 @@ from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.packing import pack_batch
+from sagc_jax.rl.batch import LayoutSpec, make_batch
 from sagc_jax.sampling import Sampler, SamplingConfig
 from sagc_jax.shapes import ShapePlan
 from sagc_jax.train.learner import loss_settings
-from sagc_jax.train.packed import PackedSteps
 from sagc_jax.train.state import init_opt_state
+from sagc_jax.train.steps import CompiledSteps
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_CONFIG = ROOT / "configs" / "qwen2.5-0.5b_gsm8k_gpu.yaml"
@@ -116,23 +117,20 @@ def train_flops(cfg: ModelConfig, chunks: list[dict[str, np.ndarray]]) -> float:
 
 
 def synth_batch(rng: np.random.Generator, *, prompts: int, group: int, prompt_len: int,
-                max_new: int, vocab: int, median: float) -> dict[str, np.ndarray]:
-    """A rollout batch (`rl.train_step.BATCH_FIELDS`): prompts of prompt_len / 2 .. prompt_len
-    tokens, the same for a group's rows, completions log-normal around `median` (sigma 0.5,
+                max_new: int, vocab: int, median: float) -> types.SimpleNamespace:
+    """A rollout (the fields `rl.batch.make_batch` reads): prompts of prompt_len / 2 ..
+    prompt_len tokens, one per group, completions log-normal around `median` (sigma 0.5,
     capped at max_new)."""
     rows = prompts * group
-    plen = rng.integers(prompt_len // 2, prompt_len + 1, prompts).repeat(group)
+    plen = rng.integers(prompt_len // 2, prompt_len + 1, prompts)
     comp = np.clip(np.round(rng.lognormal(np.log(median), 0.5, rows)), 1, max_new)
-    tokens = rng.integers(3, vocab, (rows, prompt_len + max_new)).astype(np.int32)
-    tokens[:, :prompt_len] = tokens[::group, :prompt_len].repeat(group, 0)
-    return {
-        "tokens": tokens,
-        "prompt_pad": (prompt_len - plen).astype(np.int32), "lengths": comp.astype(np.int32),
-        "old_logprobs": np.full((rows, max_new), -np.log(vocab), np.float32),
-        "ref_logprobs": np.zeros((rows, max_new), np.float32),
-        "rewards": rng.random(rows).astype(np.float32),
-        "group_ids": (np.arange(rows) // group).astype(np.int32),
-        "valid": np.ones(rows, bool), "loss_rows": np.ones(rows, bool)}
+    return types.SimpleNamespace(
+        group_size=group, row_offset=0,
+        examples=[{"prompt_ids": rng.integers(3, vocab, p).tolist()} for p in plen],
+        tokens=rng.integers(3, vocab, (rows, max_new)).astype(np.int32),
+        logprobs=np.full((rows, max_new), -np.log(vocab), np.float32),
+        lengths=comp.astype(np.int32), truncated=np.zeros(rows, bool),
+        rewards=rng.random(rows).astype(np.float32), valid=np.ones(rows, bool), scored=None)
 
 
 def apply_variant(name: str) -> None:
@@ -182,20 +180,20 @@ def train_point(smoke: bool, dev: dict[str, Any], extra: tuple[str, ...] = (),
     params = jax.device_put(params, shard)
     opt = make_optimizer(cfg.optim, cfg.run.steps)
     opt_state, opt_shard = init_opt_state(opt, params, mesh)
-    steps = PackedSteps(graphdef, opt, loss_settings(cfg), mesh, shard, opt_shard,
-                        num_groups=plan.max_prompts, seqs=plan.max_rows,
-                        completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
-                        chunk_sizes=plan.pack_chunk_rows)
+    steps = CompiledSteps(graphdef, opt, loss_settings(cfg), mesh, shard, opt_shard,
+                          num_groups=plan.max_prompts, seqs=plan.max_rows,
+                          completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
+                          chunk_sizes=plan.pack_chunk_rows)
     g = max(plan.group_sizes)
     lp, n = plan.prompt_buckets[0], plan.max_new_tokens
-    arrays = synth_batch(np.random.default_rng(0), prompts=plan.prompts_per_g[g], group=g,
-                         prompt_len=lp, max_new=n, vocab=mcfg.vocab_size,
-                         median=8 if smoke else 200)
+    ro = synth_batch(np.random.default_rng(0), prompts=plan.prompts_per_g[g], group=g,
+                     prompt_len=lp, max_new=n, vocab=mcfg.vocab_size,
+                     median=8 if smoke else 200)
     t0 = time.perf_counter()
-    chunks, seqs, pp = pack_batch(arrays, lp, seqs=steps.seqs,
-                                  completion_len=steps.completion_len, pack_len=steps.pack_len,
-                                  chunk_sizes=steps.chunk_sizes, pad_id=0)
-    dev_chunks, dev_seqs = steps.to_device(chunks, seqs)
+    pp = make_batch(ro, LayoutSpec(seqs=steps.seqs, completion_len=steps.completion_len,
+                                   pack_len=steps.pack_len, chunk_sizes=steps.chunk_sizes))
+    chunks = pp.chunks
+    dev_chunks, dev_seqs = steps.to_device(pp)
     jax.block_until_ready(dev_seqs)
     pack_s = time.perf_counter() - t0
     state = {"params": params, "opt": opt_state}
@@ -217,7 +215,8 @@ def train_point(smoke: bool, dev: dict[str, Any], extra: tuple[str, ...] = (),
     step_s = float(np.median(times))
     if keep is not None:
         keep["update"] = update
-    seq_tokens = (lp - arrays["prompt_pad"]) + arrays["lengths"] - 1
+    seq_tokens = np.array([len(ro.examples[r // g]["prompt_ids"])
+                           for r in range(len(ro.lengths))]) + ro.lengths - 1
     flops = train_flops(mcfg, chunks)
     slots = pp.real_tokens
     recompute = 2.0 * layer_params(mcfg) * slots if mcfg.remat else 0.0
@@ -225,7 +224,7 @@ def train_point(smoke: bool, dev: dict[str, Any], extra: tuple[str, ...] = (),
     return {**dev, "model": "tiny" if smoke else cfg.model.preset, "dtype": mcfg.dtype,
             "overrides": list(extra), "remat": mcfg.remat, "rows": len(seq_tokens), "group_size": g,
             "prompts": plan.prompts_per_g[g], "prompt_bucket": lp, "max_new_tokens": n,
-            "pack_len": steps.pack_len, "chunks": list(pp.chunks), "token_util": pp.token_util,
+            "pack_len": steps.pack_len, "chunks": list(pp.sizes), "token_util": pp.token_util,
             "seq_tokens": int(seq_tokens.sum()), "real_tokens": slots,
             "layer_params": layer_params(mcfg), "pack_s": pack_s, "compile_s": compile_s,
             "step_s": step_s, "step_s_all": times,

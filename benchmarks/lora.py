@@ -3,9 +3,10 @@ sampler's decode with adapters merged once per call vs applied unmerged every to
 
     python benchmarks/lora.py [--hidden 256 --layers 4 --rows 16 --seq 96 --repeats 5]
 
-Train step: the trainer's padded GRPO step (`CompiledSteps`, AdamW via `make_optimizer`) on a
-random batch; full = every param trained, LoRA = rank-16 adapters on all 7 weights (the base
-frozen). The two run interleaved (order alternating), compiles excluded; best of `--repeats`.
+Train step: the trainer's GRPO update (`CompiledSteps`, one sequence per row, AdamW via
+`make_optimizer`) on a random batch; full = every param trained, LoRA = rank-16 adapters on all
+7 weights (the base frozen). The two run interleaved (order alternating), compiles excluded;
+best of `--repeats`.
 Decode: `--decode-steps` one-token steps of `models.decode.decode_step` over `--rows` rows,
 weights from `decode_weights` (LoRA merged once per call: the sampler's path) vs the same
 weights left unmerged (x @ W + s * (x @ A) @ B inside every token step).
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import os
 import time
+import types
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -39,9 +41,10 @@ from sagc_jax.models.lora import LORA_TARGETS, trainable
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.train_step import BATCH_FIELDS, LossSettings
-from sagc_jax.train.learner import CompiledSteps
+from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.train.state import init_opt_state
+from sagc_jax.train.steps import CompiledSteps
 
 
 def _load() -> str:
@@ -58,15 +61,17 @@ def _bytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _batch(mcfg: ModelConfig, rows: int, lp: int, n: int) -> dict[str, np.ndarray]:
+def _rollout(mcfg: ModelConfig, rows: int, lp: int, n: int) -> types.SimpleNamespace:
+    """Groups of 4 rows, prompts of `lp` tokens, completions of `n` (what `make_batch` reads)."""
     rng = np.random.default_rng(0)
-    return {"tokens": rng.integers(3, mcfg.vocab_size, (rows, lp + n)).astype(np.int32),
-            "prompt_pad": np.zeros(rows, np.int32), "lengths": np.full(rows, n, np.int32),
-            "old_logprobs": np.full((rows, n), -np.log(mcfg.vocab_size), np.float32),
-            "ref_logprobs": np.full((rows, n), -np.log(mcfg.vocab_size), np.float32),
-            "rewards": np.tile([0.0, 1.0], rows // 2).astype(np.float32),
-            "group_ids": (np.arange(rows) // 4).astype(np.int32),
-            "valid": np.ones(rows, bool), "loss_rows": np.ones(rows, bool)}
+    return types.SimpleNamespace(
+        group_size=4, row_offset=0, scored=None,
+        examples=[{"prompt_ids": rng.integers(3, mcfg.vocab_size, lp).tolist()}
+                  for _ in range(rows // 4)],
+        tokens=rng.integers(3, mcfg.vocab_size, (rows, n)).astype(np.int32),
+        logprobs=np.full((rows, n), -np.log(mcfg.vocab_size), np.float32),
+        lengths=np.full(rows, n, np.int32), truncated=np.zeros(rows, bool),
+        rewards=np.tile([0.0, 1.0], rows // 2).astype(np.float32), valid=np.ones(rows, bool))
 
 
 def _trainer(mcfg: ModelConfig, rows: int, lp: int, n: int):
@@ -77,15 +82,16 @@ def _trainer(mcfg: ModelConfig, rows: int, lp: int, n: int):
     params = jax.device_put(params, shard)
     opt = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=0), 100)
     opt_state, opt_shard = init_opt_state(opt, trainable(params), mesh)
-    steps = CompiledSteps(graphdef, opt, LossSettings(max_tokens=n), mesh, shard, opt_shard)
-    fn = steps.train_fn(rows, rows // 4, lp)
-    bs = steps.batch_shardings(rows)
-    dev = {k: jax.device_put(v, bs[k]) for k, v in _batch(mcfg, rows, lp, n).items()
-           if k in BATCH_FIELDS}
+    spec = LayoutSpec(seqs=rows, completion_len=n, pack_len=lp + n, chunk_sizes=(rows,),
+                      share_prompts=False)
+    steps = CompiledSteps(graphdef, opt, LossSettings(max_tokens=n), mesh, shard, opt_shard,
+                          num_groups=rows // 4, seqs=rows, completion_len=n, pack_len=lp + n,
+                          chunk_sizes=(rows,))
+    chunks, seqs = steps.to_device(make_batch(_rollout(mcfg, rows, lp, n), spec))
     state = {"p": params, "o": opt_state}
 
     def step() -> None:
-        state["p"], state["o"], m = fn(state["p"], state["o"], dev)
+        state["p"], state["o"], m = steps.update(state["p"], state["o"], chunks, seqs)
         jax.block_until_ready(m)
 
     return step, _bytes(opt_state), _bytes(params), state

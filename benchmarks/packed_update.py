@@ -36,6 +36,7 @@ import resource
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,33 +47,32 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "configs" / "sim" / "traces" / "smollm2_static16_trace.jsonl"
-LP, N, PACK_LEN, G, PROMPTS = 160, 256, 416, 8, 2
+N, PACK_LEN, G, PROMPTS = 256, 416, 8, 2
 
 
 def load() -> str:
     return "load {:.1f}/{:.1f}".format(*os.getloadavg()[:2])
 
 
-def batch(seed: int, vocab: int, shared: bool) -> dict[str, np.ndarray]:
-    """One rollout batch (`rl.train_step.BATCH_FIELDS`); `shared`: a group's rows have the same
-    prompt (GRPO), else each row's prompt differs in its last token (same lengths)."""
+def batch(seed: int, vocab: int, shared: bool) -> types.SimpleNamespace:
+    """One rollout (the fields `rl.batch.make_batch` reads); `shared`: groups of G rows with
+    one prompt (GRPO), else groups of one row whose prompts hold the same ids but are not
+    known to be shared (each completion packed with its own copy of its prompt)."""
     groups = [np.array(g["lengths"]) for r in map(json.loads, TRACE.read_text().splitlines())
               for g in r["groups"]]
     rng = np.random.default_rng(seed)
     S = PROMPTS * G
     lengths = np.concatenate([groups[i][rng.permutation(len(groups[i]))[:G]]
                               for i in rng.integers(0, len(groups), PROMPTS)]).astype(np.int32)
-    plen = np.repeat(rng.integers(120, 144, PROMPTS), G)
-    tokens = rng.integers(3, vocab, (S, LP + N)).astype(np.int32)
-    tokens[:, :LP] = tokens[::G, :LP].repeat(G, 0)
-    if not shared:
-        tokens[:, LP - 1] = 3 + np.arange(S)
-    return {"tokens": tokens, "prompt_pad": (LP - plen).astype(np.int32), "lengths": lengths,
-            "old_logprobs": np.full((S, N), -3.0, np.float32),
-            "ref_logprobs": np.zeros((S, N), np.float32),
-            "rewards": rng.integers(0, 2, S).astype(np.float32),
-            "group_ids": (np.arange(S) // G).astype(np.int32),
-            "valid": np.ones(S, bool), "loss_rows": np.ones(S, bool)}
+    prompts = [{"prompt_ids": rng.integers(3, vocab, p).tolist()}
+               for p in rng.integers(120, 144, PROMPTS)]
+    return types.SimpleNamespace(
+        group_size=G if shared else 1, row_offset=0, scored=None,
+        examples=prompts if shared else [q for q in prompts for _ in range(G)],
+        tokens=rng.integers(3, vocab, (S, N)).astype(np.int32),
+        logprobs=np.full((S, N), -3.0, np.float32), lengths=lengths,
+        truncated=np.zeros(S, bool), rewards=rng.integers(0, 2, S).astype(np.float32),
+        valid=np.ones(S, bool))
 
 
 # ---- the earlier code, rebuilt for the `before` variants
@@ -114,17 +114,17 @@ def _old_entropy(logits, targets, temperature=1.0, *, entropy=True):
 @contextlib.contextmanager
 def patched(old_residuals: bool, old_entropy: bool) -> Iterator[None]:
     import sagc_jax.models.precision as precision
-    import sagc_jax.rl.packed_step as packed_step
+    import sagc_jax.rl.train_step as train_step
 
-    saved = precision._mixed, packed_step.token_logprobs_and_entropy
+    saved = precision._mixed, train_step.token_logprobs_and_entropy
     if old_residuals:
         precision._mixed = _mixed_bf16_residuals
     if old_entropy:
-        packed_step.token_logprobs_and_entropy = _old_entropy
+        train_step.token_logprobs_and_entropy = _old_entropy
     try:
         yield
     finally:
-        precision._mixed, packed_step.token_logprobs_and_entropy = saved
+        precision._mixed, train_step.token_logprobs_and_entropy = saved
 
 
 def host_memory_pair(args: argparse.Namespace) -> None:
@@ -165,9 +165,8 @@ def main() -> None:
 
     from sagc_jax.models.gguf import smollm2_path
     from sagc_jax.models.pretrained import from_pretrained
-    from sagc_jax.rl.packed_step import make_grad_step, zero_acc
-    from sagc_jax.rl.packing import pack_batch
-    from sagc_jax.rl.train_step import LossSettings
+    from sagc_jax.rl.batch import LayoutSpec, make_batch
+    from sagc_jax.rl.train_step import LossSettings, make_grad_step, zero_acc
 
     model, _ = from_pretrained(smollm2_path())
     model.cfg = dataclasses.replace(model.cfg, matmul_dtype="bfloat16")
@@ -180,19 +179,20 @@ def main() -> None:
     zeros = jax.jit(zero_acc)
     runs: dict[str, Any] = {}
     for name, (shared, old_res, old_ent) in variants.items():
-        b = batch(args.seed, model.cfg.vocab_size, shared)
-        chunks, seqs, plan = pack_batch(b, LP, seqs=PROMPTS * G, completion_len=N,
-                                        pack_len=PACK_LEN, chunk_sizes=(4, 2, 1), pad_id=0)
-        seqs = {k: jnp.asarray(v) for k, v in seqs.items()}
-        seqs["entropy"] = jnp.zeros((PROMPTS * G, N), jnp.float32)
-        chunks = [{k: jnp.asarray(v) for k, v in c.items()} for c in chunks]
-        fn = jax.jit(make_grad_step(graphdef, settings, num_groups=PROMPTS), donate_argnums=(1,))
+        plan = make_batch(batch(args.seed, model.cfg.vocab_size, shared),
+                          LayoutSpec(seqs=PROMPTS * G, completion_len=N, pack_len=PACK_LEN,
+                                     chunk_sizes=(4, 2, 1)))
+        seqs = {k: jnp.asarray(v) for k, v in plan.seqs.items()}
+        chunks = [{k: jnp.asarray(v) for k, v in c.items()} for c in plan.chunks]
+        # Every row its own group when unshared: the largest group count for both.
+        fn = jax.jit(make_grad_step(graphdef, settings, num_groups=PROMPTS * G),
+                     donate_argnums=(1,))
         acc = zeros(params)
         with patched(old_res, old_ent):
             exe = {len(c["tokens"]): fn.lower(params, acc, c, seqs, jnp.int32(0)).compile()
                    for c in chunks}
         runs[name] = (exe, chunks, seqs, plan)
-        print(f"{name:16s} rows {'+'.join(map(str, plan.chunks))}, token util "
+        print(f"{name:16s} rows {'+'.join(map(str, plan.sizes))}, token util "
               f"{plan.token_util:.3f}, real slots {plan.real_tokens}", flush=True)
 
     faults: list[int] = []
@@ -226,7 +226,7 @@ def main() -> None:
           f"(best of {args.repeats}, interleaved)")
     print("| variant | rows | s (best) | before / this | load |\n|---|---:|---:|---:|---|")
     for name, ts in times.items():
-        print(f"| {name} | {sum(runs[name][3].chunks)} | {min(ts):.2f} | {base / min(ts):.2f} | "
+        print(f"| {name} | {sum(runs[name][3].sizes)} | {min(ts):.2f} | {base / min(ts):.2f} | "
               f"{', '.join(loads[name])} |")
 
 

@@ -1,12 +1,14 @@
-"""Train step: padded (completion buckets) vs packed, on the main job's own steps, interleaved.
+"""Train step: the layout's two cases, one sequence per row (padded) vs packed with shared
+prompts, on the main job's own steps, interleaved.
 
     python benchmarks/train_step.py --trace runs/tiny_cpu/trace.jsonl [--steps 12] [--repeats 2]
 
 Replays `--steps` steps of a run's trace (G and every completion length, spread over the run)
-through both train steps of `--config`'s model, with prompt lengths drawn from the task's real
-tokenized prompts. Random weights and token ids: the cost of a step does not depend on them.
-Both updates of a step run back to back (order alternating), compiles excluded, and each time
-includes building and transferring its batch (packing is host work the trainer pays for).
+through the train step of `--config`'s model in both layouts (the same compiled programs), with
+prompt lengths drawn from the task's real tokenized prompts. Random weights and token ids: the
+cost of a step does not depend on them. Both updates of a step run back to back (order
+alternating), compiles excluded, and each time includes building and transferring its batch
+(packing is host work the trainer pays for).
 
 Also measured in the same run: the machine's f32 matmul rate (a [2048, 2048] @ [2048, 2048]
 product), and the forward / forward+backward split of one packed chunk. The roofline: a step
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import time
+import types
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -36,12 +39,11 @@ from sagc_jax.models.llama import Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.packing import pack_batch
-from sagc_jax.rl.train_step import BATCH_FIELDS
-from sagc_jax.shapes import ShapePlan, bucket
-from sagc_jax.train.learner import CompiledSteps, loss_settings
-from sagc_jax.train.packed import PackedSteps
+from sagc_jax.rl.batch import LayoutSpec, TrainBatch, make_batch
+from sagc_jax.shapes import ShapePlan
+from sagc_jax.train.learner import loss_settings
 from sagc_jax.train.state import init_opt_state
+from sagc_jax.train.steps import CompiledSteps
 
 
 def _load() -> str:
@@ -65,9 +67,10 @@ def _timed(fn) -> float:
 
 def _batches(trace: list[dict], plan: ShapePlan, prompt_lens: np.ndarray, vocab: int,
              steps: int, seed: int) -> list[dict]:
-    """Host batches (BATCH_FIELDS) of `steps` trace steps spread over the run."""
+    """Rollouts (the fields `rl.batch.make_batch` reads) of `steps` trace steps spread over
+    the run."""
     rng = np.random.default_rng(seed)
-    lp, nmax = plan.prompt_buckets[-1], plan.completion_buckets[-1]
+    nmax = plan.completion_buckets[-1]
     pick = np.linspace(0, len(trace) - 1, steps).round().astype(int)
     out = []
     for i in pick:
@@ -76,15 +79,14 @@ def _batches(trace: list[dict], plan: ShapePlan, prompt_lens: np.ndarray, vocab:
         lens = np.concatenate([grp["lengths"] for grp in t["groups"]]).astype(np.int32)
         rewards = np.concatenate([grp["rewards"] for grp in t["groups"]]).astype(np.float32)
         rows = len(lens)
-        plen = rng.choice(prompt_lens, rows // g).repeat(g)
-        n = bucket(max(int(lens.max()), 1), plan.completion_buckets)
-        out.append({"step": t["step"], "g": g, "n": n, "arrays": {
-            "tokens": rng.integers(3, vocab, (rows, lp + nmax)).astype(np.int32),
-            "prompt_pad": (lp - plen).astype(np.int32), "lengths": lens,
-            "old_logprobs": np.full((rows, nmax), -np.log(vocab), np.float32),
-            "ref_logprobs": np.zeros((rows, nmax), np.float32), "rewards": rewards,
-            "group_ids": (np.arange(rows) // g).astype(np.int32),
-            "valid": np.ones(rows, bool), "loss_rows": np.ones(rows, bool)}})
+        ro = types.SimpleNamespace(
+            group_size=g, row_offset=0, scored=None,
+            examples=[{"prompt_ids": rng.integers(3, vocab, p).tolist()}
+                      for p in rng.choice(prompt_lens, rows // g)],
+            tokens=rng.integers(3, vocab, (rows, nmax)).astype(np.int32),
+            logprobs=np.full((rows, nmax), -np.log(vocab), np.float32), lengths=lens,
+            truncated=np.zeros(rows, bool), rewards=rewards, valid=np.ones(rows, bool))
+        out.append({"step": t["step"], "g": g, "rollout": ro})
     return out
 
 
@@ -101,12 +103,13 @@ def _setup(args: argparse.Namespace) -> dict:
     opt = make_optimizer(cfg.optim, cfg.run.steps)
     opt_state, opt_shard = init_opt_state(opt, params, mesh)
     settings = loss_settings(cfg)
-    padded = CompiledSteps(graphdef, opt, settings, mesh, shard, opt_shard,
-                           cfg.algo.micro_batch_rows)
-    packed = PackedSteps(graphdef, opt, settings, mesh, shard, opt_shard,
-                         num_groups=plan.max_prompts, seqs=plan.max_rows,
-                         completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
-                         chunk_sizes=plan.pack_chunk_rows)
+    steps = CompiledSteps(graphdef, opt, settings, mesh, shard, opt_shard,
+                          num_groups=plan.max_prompts, seqs=plan.max_rows,
+                          completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
+                          chunk_sizes=plan.pack_chunk_rows)
+    specs = {name: LayoutSpec(seqs=plan.max_rows, completion_len=plan.completion_buckets[-1],
+                              pack_len=plan.pack_len, chunk_sizes=plan.pack_chunk_rows,
+                              share_prompts=name == "packed") for name in ("padded", "packed")}
     examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
     prompt_lens = np.array([len(encode_prompt(tok, examples[i]["prompt"],
                                               cfg.data.chat_template)) for i in range(1000)])
@@ -114,90 +117,66 @@ def _setup(args: argparse.Namespace) -> dict:
         trace = [json.loads(x) for x in f if x.strip()]
     batches = _batches(trace, plan, prompt_lens, mcfg.vocab_size, args.steps, 0)
     return {"mcfg": mcfg, "plan": plan, "params": params, "opt_state": opt_state,
-            "padded": padded, "packed": packed, "batches": batches}
+            "steps": steps, "specs": specs, "batches": batches}
 
 
 def _compare_steps(env: dict, repeats: int) -> list[dict]:
-    """Per trace step: both updates back to back (order alternating), best of `repeats`."""
-    plan, padded, packed = env["plan"], env["padded"], env["packed"]
-    lp = plan.prompt_buckets[-1]
+    """Per trace step: both layouts back to back (order alternating), best of `repeats`."""
+    steps = env["steps"]
     print(f"load before compile {_load()}", flush=True)
     t0 = time.perf_counter()
-    for g, n in {(b["g"], b["n"]) for b in env["batches"]}:
-        rows = plan.prompts_per_g[g] * g
-        padded.warm_up(env["params"], env["opt_state"], rows, plan.prompts_per_g[g], lp, n, False)
-    packed.warm_up(env["params"], env["opt_state"], False)
+    steps.warm_up(env["params"], env["opt_state"], False)
     print(f"compiled in {time.perf_counter() - t0:.0f}s; load {_load()}", flush=True)
 
-    def run_padded(b):
-        a = {k: v[:, :lp + b["n"]] if k == "tokens" else v for k, v in b["arrays"].items()}
-        a["old_logprobs"] = a["old_logprobs"][:, :b["n"]]
-        a["ref_logprobs"] = a["ref_logprobs"][:, :b["n"]]
-        rows = len(a["lengths"])
-        bs = padded.batch_shardings(rows)
-        dev = {k: jax.device_put(a[k], bs[k]) for k in BATCH_FIELDS}
-        fn = padded.train_fn(rows, plan.prompts_per_g[b["g"]], lp, b["n"])
-        env["params"], env["opt_state"], m = fn(env["params"], env["opt_state"], dev)
+    def run(b: dict, name: str) -> None:
+        batch = make_batch(b["rollout"], env["specs"][name])
+        env["params"], env["opt_state"], m = steps.update(
+            env["params"], env["opt_state"], *steps.to_device(batch))
         jax.block_until_ready(m)
-
-    def run_packed(b):
-        chunks, seqs, pp = pack_batch(b["arrays"], lp, seqs=packed.seqs,
-                                      completion_len=packed.completion_len,
-                                      pack_len=packed.pack_len,
-                                      chunk_sizes=packed.chunk_sizes, pad_id=0)
-        env["params"], env["opt_state"], m = packed.update(
-            env["params"], env["opt_state"], *packed.to_device(chunks, seqs))
-        jax.block_until_ready(m)
-        b["plan"] = pp
+        b[name] = batch
 
     rows_out = []
     for i, b in enumerate(env["batches"]):
-        ts = {"padded": [], "packed": []}
+        ts: dict[str, list[float]] = {"padded": [], "packed": []}
         for r in range(repeats):
             order = ("padded", "packed") if (i + r) % 2 == 0 else ("packed", "padded")
             for name in order:
-                fn = run_padded if name == "padded" else run_packed
-                ts[name].append(_timed(lambda f=fn, b=b: f(b)))
-        a = b["arrays"]
-        plen = lp - a["prompt_pad"]
-        real = int((plen + a["lengths"] - 1)[a["lengths"] > 0].sum())
-        rows = len(a["lengths"])
+                ts[name].append(_timed(lambda b=b, name=name: run(b, name)))
+        pad, pack = b["padded"], b["packed"]
         rows_out.append({
-            "step": b["step"], "G": b["g"], "rows": rows, "n": b["n"], "real": real,
-            "util_padded": real / (rows * (lp + b["n"] - 1)), "util_packed": b["plan"].token_util,
-            "chunks": "+".join(map(str, b["plan"].chunks)),
+            "step": b["step"], "G": b["g"], "rows": len(b["rollout"].lengths),
+            "real": pad.real_tokens, "util_padded": pad.token_util,
+            "util_packed": pack.token_util, "chunks": "+".join(map(str, pack.sizes)),
             "s_padded": min(ts["padded"]), "s_packed": min(ts["packed"])})
         print(json.dumps(rows_out[-1]), flush=True)
     return rows_out
 
 
 def _chunk_split(env: dict) -> tuple[int, float, float]:
-    """(rows, forward s, forward+backward s) of the largest packed chunk, steady state."""
-    plan, packed, params = env["plan"], env["packed"], env["params"]
-    lp = plan.prompt_buckets[-1]
-    c = packed.chunk_sizes[0]
+    """(rows, forward s, forward+backward s) of the largest chunk, steady state."""
+    plan, steps, params = env["plan"], env["steps"], env["params"]
+    c = steps.chunk_sizes[0]
     rng = np.random.default_rng(1)
-    L, K, V = plan.pack_len, packed.completion_len, env["mcfg"].vocab_size
+    L, K, V = plan.pack_len, steps.completion_len, env["mcfg"].vocab_size
     chunk = {"tokens": rng.integers(3, V, (c, L)).astype(np.int32),
              "positions": np.tile(np.arange(L, dtype=np.int32), (c, 1)),
              "segment_ids": np.ones((c, L), np.int32), "branch_ids": np.zeros((c, L), np.int32),
              "head_slots": np.tile(np.arange(L - K, L, dtype=np.int32), (c, 1)),
              "head_targets": rng.integers(3, V, (c, K)).astype(np.int32)}
-    _, seqs, _ = pack_batch(env["batches"][0]["arrays"], lp, seqs=packed.seqs,
-                            completion_len=packed.completion_len, pack_len=plan.pack_len,
-                            chunk_sizes=packed.chunk_sizes, pad_id=0)
-    dc, ds = packed.to_device([chunk], seqs)
-    out = jnp.zeros((packed.seqs, packed.completion_len), jnp.float32)
-    logp = packed._fn("logp", c)
-    logp(params, out.copy(), dc[0], ds, packed._index[0]).block_until_ready()
-    fwd = min(_timed(lambda: logp(params, out.copy(), dc[0], ds,
-                                  packed._index[0]).block_until_ready()) for _ in range(3))
-    acc = packed._fn("zeros")(params)
-    grad = packed._fn("grad", c)
+    b = make_batch(env["batches"][0]["rollout"], env["specs"]["packed"])
+    dc, ds = steps.to_device(TrainBatch([chunk], b.seqs, (c,), 0, 0))
+    idx = steps._chunk_index(0)
+    out = jnp.zeros((steps.seqs, steps.completion_len), jnp.float32)
+    logp = steps._fn("logp", c)
+    logp(params, out.copy(), dc[0], ds, idx).block_until_ready()
+    fwd = min(_timed(lambda: logp(params, out.copy(), dc[0], ds, idx).block_until_ready())
+              for _ in range(3))
+    acc = steps._fn("zeros")(params)
+    grad = steps._fn("grad", c)
 
     def grad_once():
         nonlocal acc
-        acc = grad(params, acc, dc[0], ds, packed._index[0])
+        acc = grad(params, acc, dc[0], ds, idx)
         jax.block_until_ready(acc)
 
     grad_once()
@@ -210,16 +189,16 @@ def _report(rows_out: list[dict], n_params: int, gflops: float, pack_len: int,
     tot = {k: sum(r[k] for r in rows_out) for k in ("real", "s_padded", "s_packed")}
     ideal = 6 * n_params * tot["real"] / (gflops * 1e9)
     print(f"\nload after {_load()}; params {n_params / 1e6:.2f}M; matmul {gflops:.1f} GFLOP/s")
-    print("\n| step | G | rows | bucket | real tokens | util padded | util packed | chunks |"
+    print("\n| step | G | rows | real tokens | util padded | util packed | chunks |"
           " padded s | packed s | speed-up |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for r in rows_out:
-        print(f"| {r['step']} | {r['G']} | {r['rows']} | {r['n']} | {r['real']} | "
+        print(f"| {r['step']} | {r['G']} | {r['rows']} | {r['real']} | "
               f"{r['util_padded']:.2f} | {r['util_packed']:.2f} | {r['chunks']} | "
               f"{r['s_padded']:.2f} | {r['s_packed']:.2f} | {r['s_padded'] / r['s_packed']:.2f} |")
     comp_pad = sum(r["real"] / r["util_padded"] for r in rows_out)
     comp_pack = sum(r["real"] / r["util_packed"] for r in rows_out)
-    print(f"| all | | | | {tot['real']} | {tot['real'] / comp_pad:.2f} | "
+    print(f"| all | | | {tot['real']} | {tot['real'] / comp_pad:.2f} | "
           f"{tot['real'] / comp_pack:.2f} | | {tot['s_padded']:.2f} | {tot['s_packed']:.2f} | "
           f"{tot['s_padded'] / tot['s_packed']:.2f} |")
     print(f"\nroofline: 6 x {n_params / 1e6:.2f}M params x {tot['real']} real tokens = "

@@ -205,8 +205,8 @@ def _checksums_file(path: Path) -> Path:
 
 @dataclasses.dataclass
 class Snapshot:
-    """Everything a checkpoint step holds (the live `train.state.TrainState` plus the SAGC
-    state and the data position)."""
+    """Everything a checkpoint step holds: a `train.state.RunState` (params, optimizer and SAGC
+    state, step) with the data iterators its position is read from and restored into."""
 
     step: int
     params: Any  # nnx.State of the model

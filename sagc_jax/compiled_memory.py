@@ -7,8 +7,9 @@ nothing is allocated. ``compiled.memory_analysis()`` then gives, per device, the
 arguments, outputs, aliased (donated) buffers and temporaries of each program.
 
 Per-device peak of a run (the phases do not overlap):
-- train: ``arguments + outputs - aliased + temporaries`` of the train step (its arguments hold the
-  params, the AdamW state and the batch; params and state are donated, so outputs alias them);
+- train: ``arguments + outputs - aliased + temporaries`` of the train step's grad program at its
+  largest chunk (its arguments hold the params, the gradient accumulator and the batch), plus
+  the AdamW state, which stays on the device but is an argument of the apply program only;
 - sampling: the same sum for prefill and for decode (params, KV cache, logits...), plus the
   AdamW state, which stays on the device during sampling but is not an argument of those programs;
 - plus a frozen reference copy of the params when ``algo.beta > 0``.
@@ -25,6 +26,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -99,24 +101,33 @@ def _bytes_per_device(tree: Any) -> int:
 
 def train_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *, rows: int,
                       groups: int, lp: int, n: int) -> ProgramMemory:
-    """Compile the train step for ``rows`` rows (``groups`` prompts) of ``lp + n`` tokens.
+    """Compile the train step's grad program for a batch of ``rows`` sequences (``groups``
+    prompts) of up to ``lp + n`` tokens, at its largest chunk.
 
-    ``state`` is :func:`abstract_train_state`'s result for ``optimizer``; micro-batching follows
-    ``cfg.algo.micro_batch_rows``.
+    ``state`` is :func:`abstract_train_state`'s result for ``optimizer``; the chunk sizes follow
+    ``algo.pack_chunk_rows`` (default: ``algo.micro_batch_rows`` halved down to data x fsdp),
+    the row length ``algo.pack_len``.
     """
-    from sagc_jax.rl.train_step import abstract_batch
-    from sagc_jax.train.learner import CompiledSteps, loss_settings
+    from sagc_jax.rl.train_step import zero_acc
+    from sagc_jax.shapes import default_chunk_rows, pack_len_for
+    from sagc_jax.train.learner import loss_settings
+    from sagc_jax.train.steps import CompiledSteps
 
+    a = cfg.algo
+    ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    chunk_sizes = tuple(a.pack_chunk_rows or default_chunk_rows(a.micro_batch_rows, ways))
     steps = CompiledSteps(state["graphdef"], optimizer, loss_settings(cfg), mesh,
-                          state["param_shardings"], state["opt_shardings"],
-                          cfg.algo.micro_batch_rows)
-    shard = steps.batch_shardings(rows)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shard[k])
-             for k, v in abstract_batch(rows, lp + n, n).items()}
-    fn = steps._jit_train(rows, groups, lp)
-    mb = rows // steps.micro_batches(rows)
-    return _measure("train_step", f"rows={rows} mb={mb} seq={lp}+{n}",
-                    lambda: fn.lower(state["params"], state["opt_state"], batch))
+                          state["param_shardings"], state["opt_shardings"], num_groups=groups,
+                          seqs=rows, completion_len=n, pack_len=a.pack_len or pack_len_for(lp, n),
+                          chunk_sizes=chunk_sizes)
+    c = max(chunk_sizes)
+    acc = jax.eval_shape(zero_acc, state["params"])
+    acc = _with_shardings(acc, steps._acc_shardings())
+    idx = jax.ShapeDtypeStruct((), jnp.int32, sharding=steps._rep)
+    return _measure("train_step", f"rows={rows} chunk={c}x{steps.pack_len}",
+                    lambda: steps._fn("grad", c).lower(state["params"], acc,
+                                                       steps._chunk_spec(c), steps._seq_spec(),
+                                                       idx))
 
 
 def _sampler_programs(cfg: Any, mcfg: ModelConfig, mesh: Mesh, plan: Any, g: int,
@@ -159,7 +170,7 @@ def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, plan: Any) -> di
     progs += _sampler_programs(cfg, mcfg, mesh, plan, g, lp)
     opt_b, param_b = _bytes_per_device(state["opt_state"]), _bytes_per_device(state["params"])
     ref = param_b if cfg.algo.beta > 0 else 0
-    train_peak = progs[0].total
+    train_peak = progs[0].total + opt_b  # the optimizer state stays on device, not an argument
     sampler_peak = max(p.total for p in progs[1:]) + opt_b
     return {"programs": [p.as_dict() for p in progs], "opt_state": opt_b, "params": param_b,
             "train_peak": train_peak, "sampler_peak": sampler_peak, "reference": ref,

@@ -48,6 +48,18 @@ class Hosts:
         """Process 0's `value` everywhere (identity for one process)."""
         return value if self.single else broadcast_from_main(value)
 
+    def max_int(self, value: int) -> int:
+        """The largest of every process's `value` (itself for one process)."""
+        if self.single:
+            return int(value)
+        return int(allgather(np.asarray([value], np.int64)).max())
+
+    def replicated(self, x: Any, sharding: Sharding) -> jax.Array:
+        """A host value, the same on every process, as one array with `sharding`."""
+        if self.single:
+            return jax.device_put(np.asarray(x), sharding)
+        return host_local_to_global(np.asarray(x), sharding)
+
     def seconds(self, prefill_s: float, decode_s: float) -> tuple[float, float]:
         """Process 0's measured seconds everywhere (each host's clock differs)."""
         if self.single:
@@ -78,6 +90,7 @@ class Hosts:
             allgather({"lengths": i32, "truncated": b, "rewards": f32})
             allgather({"lengths": i32, "truncated": b, "rewards": f32, "raw_rewards": f32,
                        "valid": b, "plen": np.zeros(1, np.int64)})
+        self.max_int(0)  # the train batch's row count (`rl.batch.make_batch`)
         if measured_timing:
             broadcast_from_main(np.zeros(2, np.float64))
             broadcast_from_main(np.int32(0))

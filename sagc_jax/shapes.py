@@ -2,9 +2,9 @@
 
 The one owner of rows and prompts per G (`prompts_for`), the prompt / cache / completion
 buckets and the packed row sizes. Read by SAGC's cost model and the simulator (`prompts_for`),
-the sampler (`SamplingConfig.from_plan`, `sampler_shapes`), the warm-up and the train step
-(`ShapePlan.train_shapes`, `completion_bucket`, micro-batches) and the dry run (the same lists,
-priced). A run only ever sees shapes from this plan, so `compiles` stays 0 after warm-up.
+the sampler (`SamplingConfig.from_plan`, `sampler_shapes`), the train step (`max_rows`,
+`pack_len`, `pack_chunk_rows`) and the dry run (the same lists, priced). A run only ever sees
+shapes from this plan, so `compiles` stays 0 after warm-up.
 It imports nothing from the package: every layer above may read it.
 """
 
@@ -80,12 +80,13 @@ def micro_batches(rows: int, micro_batch_rows: int | None) -> int:
 
 
 def default_chunk_rows(micro_batch_rows: int | None, batch_ways: int) -> tuple[int, ...]:
-    """Packed chunk sizes: `micro_batch_rows` (or 8 x data x fsdp) halved while even and not
-    below data x fsdp, so every chunk but the smallest shards evenly and an update pads fewer
-    rows than the smallest size."""
+    """Packed chunk sizes: `micro_batch_rows` (or 8 x data x fsdp) halved while the half is
+    still a multiple of data x fsdp, so every chunk shards evenly (with several processes each
+    must: it is assembled from every process's rows) and an update pads fewer rows than the
+    smallest size."""
     c = micro_batch_rows or 8 * batch_ways
     out = [c]
-    while c % 2 == 0 and c // 2 >= batch_ways:
+    while c % 2 == 0 and (c // 2) % batch_ways == 0:
         c //= 2
         out.append(c)
     return tuple(out)
@@ -135,8 +136,9 @@ class ShapePlan:
       prompts_per_g: {G: prompts per step} (global, all processes together).
       batch_ways: data x fsdp devices the batch rows are sharded over.
       data_shards: virtual data shards (`data.shards`, default the process count).
-      packing: the train step runs on packed sequences (`algo.packing`, single process);
-        pack_len slots per row, chunks of `pack_chunk_rows` rows (see `rl.packing`).
+      packing: the train layout packs several sequences a row, a group's prompt once
+        (`algo.packing`); else one sequence per row. Either way pack_len slots per row, chunks
+        of `pack_chunk_rows` rows (see `rl.batch`).
     """
 
     group_sizes: tuple[int, ...]
@@ -183,7 +185,7 @@ class ShapePlan:
             completion_buckets=completion_buckets(s.max_new_tokens, s.decode_chunk),
             micro_batch_rows=cfg.algo.micro_batch_rows, batch_ways=batch_ways,
             num_processes=num_processes, data_shards=cfg.data.shards or num_processes,
-            packing=bool(a.packing) and num_processes == 1,
+            packing=bool(a.packing),
             pack_len=a.pack_len or pack_len_for(s.prompt_buckets[-1], s.max_new_tokens),
             pack_chunk_rows=tuple(sorted(a.pack_chunk_rows or default_chunk_rows(
                 a.micro_batch_rows, batch_ways), reverse=True)))
@@ -212,13 +214,6 @@ class ShapePlan:
     def max_prompts(self) -> int:
         """The largest prompt count of any G (the packed step's static group count)."""
         return max(self.prompts_per_g.values())
-
-    def completion_bucket(self, longest: int) -> int:
-        """Train-step completion length for a batch whose longest completion is `longest`
-        (packed: always the largest; packing, not the bucket, removes the padding)."""
-        if self.packing:
-            return self.completion_buckets[-1]
-        return bucket(max(int(longest), 1), self.completion_buckets)
 
     def micro_batches(self, rows: int) -> int:
         return micro_batches(rows, self.micro_batch_rows)
@@ -256,15 +251,18 @@ class ShapePlan:
                 elif self.rows_split(rows) and mb % ways:
                     warnings.append(f"algo.micro_batch_rows: {mb} does not divide data x fsdp "
                                     f"= {ways}: micro-batches are resharded every step")
-        if self.packing:
-            need = self.prompt_buckets[-1] + self.max_new_tokens - 1
-            if self.pack_len < need:
-                errors.append(f"algo.pack_len: {self.pack_len} slots cannot hold the longest "
-                              f"sequence (largest prompt bucket + max_new_tokens - 1 = {need})")
-            odd = [c for c in self.pack_chunk_rows if c % ways]
-            if odd:
-                warnings.append(f"algo.pack_chunk_rows: {odd} do not divide data x fsdp = {ways}:"
-                                " those chunks are replicated (correct, not data-parallel)")
+        need = self.prompt_buckets[-1] + self.max_new_tokens - 1
+        if self.pack_len < need:
+            errors.append(f"algo.pack_len: {self.pack_len} slots cannot hold the longest "
+                          f"sequence (largest prompt bucket + max_new_tokens - 1 = {need})")
+        odd = [c for c in self.pack_chunk_rows if c % ways]
+        if odd and n > 1:
+            errors.append(f"algo.pack_chunk_rows: {odd} do not divide data x fsdp = {ways}: "
+                          "with several processes every chunk is assembled from each "
+                          "process's rows")
+        elif odd:
+            warnings.append(f"algo.pack_chunk_rows: {odd} do not divide data x fsdp = {ways}:"
+                            " those chunks are replicated (correct, not data-parallel)")
         return errors, warnings
 
     def owned_shards(self, process_index: int) -> list[int]:

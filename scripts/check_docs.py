@@ -16,7 +16,7 @@ Read: ``README.md``, ``benchmarks/*.md`` and every ``docs/**/*.md``. Checked:
   name (``DESIGN.md``; a lower-case ``results.md`` is usually a file a command writes): they must
   exist beside the file, under the root or under ``docs/`` (not checked in the generated
   ``docs/config.md``, whose text is the schema's doc strings).
-* **Module tables** (``| `train/state.py` | `TrainState` ... |``): a class-like name in a row
+* **Module tables** (``| `train/state.py` | `RunState` ... |``): a class-like name in a row
   must be defined in the row's modules, a called name (``build_run(cfg)``) must occur there.
 * **Relative markdown links** ``[text](path#anchor)``: the path, resolved from the linking file,
   must exist.
@@ -142,7 +142,7 @@ def _resolve_module(ref: str, root: pathlib.Path, near: str) -> list[pathlib.Pat
 def bad_table_symbols(text: str, root: pathlib.Path = ROOT) -> list[str]:
     """Names a module table says a module holds that the module does not define.
 
-    A row ``| `train/state.py` | `TrainState` (...), `build_run(cfg)` |`` cites modules in its
+    A row ``| `train/state.py` | `RunState` (...), `build_run(cfg)` |`` cites modules in its
     first cell; each class-like name (``CamelCase``) in the other cells must be defined there
     (``class``/``def``/assignment at any indent), and each called name (``name(...)``) must at
     least occur in their source. Rows whose modules do not resolve are left to

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             for step in range(args.prompts // per_step):
                 t = time.perf_counter()
                 ro = collect(run.sampler, run.prompts, g, run.reward_fns, step=step,
-                             num_prompts=per_step, params=run.state.params,
+                             num_prompts=per_step, params=run.initial.params,
                              tokenizer=run.tokenizer, settings=run.collect_settings,
                              hosts=run.hosts)
                 rec = trace_row(step, ro, cfg.sampling.max_new_tokens)

@@ -114,7 +114,7 @@ def test_table_symbol_check() -> None:
     not occur there, is caught; rows of words (not module paths) are not checked."""
     text = "\n".join([
         "| module | job |", "|---|---|",
-        "| `train/state.py` | `TrainState`, the one copy |",
+        "| `train/state.py` | `RunState`, the one copy |",
         "| `sagc/controller.py` | `init_state(cfg)`, `SAGCPolicy` |",
         "| `rl/advantages.py`, `losses.py` | `NoSuchLoss`, `gone_fn(x)` |",
         "| `data` | `WhateverName` (a word in the first cell: not checked) |",

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 from hf_fixtures import hf_logits, load_hf, tiny_hf_dir  # noqa: F401  (session fixture)
+from reference_step import rollout
 from xla_env import xla_flags
 
 from sagc_jax.cli import main
@@ -32,7 +33,10 @@ from sagc_jax.models.lora import LORA_TARGETS, add_lora, disable_adapters, split
 from sagc_jax.models.peft import save_peft_adapter
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.train_step import LossSettings, make_train_step
+from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.train_step import LossSettings
+from sagc_jax.train.state import init_opt_state
+from sagc_jax.train.steps import CompiledSteps
 
 CFG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8)
@@ -70,19 +74,6 @@ def test_zero_adapters_equal_base_and_merge_equals_unmerged():
     assert not any(k.endswith(("_lora_a", "_lora_b")) for k in w.layers[0])
 
 
-def _batch(rows: int, lp: int, n: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {
-        "tokens": rng.integers(3, CFG.vocab_size, (rows, lp + n)).astype(np.int32),
-        "prompt_pad": np.zeros(rows, np.int32), "lengths": np.full(rows, n, np.int32),
-        "old_logprobs": np.full((rows, n), -np.log(CFG.vocab_size), np.float32),
-        "ref_logprobs": np.full((rows, n), -np.log(CFG.vocab_size), np.float32),
-        "rewards": np.tile([0.0, 1.0], rows // 2).astype(np.float32),
-        "group_ids": (np.arange(rows) // 4).astype(np.int32),
-        "valid": np.ones(rows, bool), "loss_rows": np.ones(rows, bool),
-    }
-
-
 def test_only_adapters_train_and_carry_optimizer_state():
     """One sharded GRPO step (fsdp=2 x tensor=2): base bitwise unchanged, A and B move, AdamW
     state only for the adapters; the adapter sharding rules place A / B like their weight."""
@@ -96,11 +87,15 @@ def test_only_adapters_train_and_carry_optimizer_state():
     before = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
     train, _ = split_trainable(params)
     opt = optax.adam(1e-2)
-    opt_state = opt.init(train)
+    opt_state, opt_shard = init_opt_state(opt, train, mesh)
     assert sum(x.size for x in jax.tree.leaves(opt_state)) == 2 * LCFG.num_lora_params() + 1
-    step = jax.jit(make_train_step(graphdef, opt, LossSettings(beta=0.0, max_tokens=4),
-                                   num_groups=2, prompt_len=4), donate_argnums=(0, 1))
-    params, opt_state, m = step(params, opt_state, _batch(8, 4, 4))
+    steps = CompiledSteps(graphdef, opt, LossSettings(beta=0.0, max_tokens=4), mesh, shard,
+                          opt_shard, num_groups=2, seqs=8, completion_len=4, pack_len=8,
+                          chunk_sizes=(4,))
+    ro = rollout(0, g=4, prompts=2, lp=4, n=4, vocab=CFG.vocab_size, drop=(), truncate=False)
+    ro.lengths[:], ro.rewards = 4, np.tile([0.0, 1.0], 4).astype(np.float32)
+    chunks, seqs = steps.to_device(make_batch(ro, LayoutSpec(8, 4, 8, (4,))))
+    params, opt_state, m = steps.update(params, opt_state, chunks, seqs)
     assert float(m["finite"]) == 1.0 and float(m["grad_norm"]) > 0
     after = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
     for k, v in after["layers"].items():

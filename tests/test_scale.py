@@ -143,11 +143,13 @@ def test_compiled_memory_of_the_real_programs(tiny_run_cfg):
     # mu and nu in f32, plus int32 step counts (Adam's and the schedule's).
     assert one["params"] == 4 * n and 2 * 4 * n < one["opt_state"] <= 2 * 4 * n + 16
     train, prefill, decode = one["programs"]
-    assert train["shape"] == "rows=16 mb=8 seq=8+8" and "rows=16" in prefill["shape"]
-    # The train step's arguments are the params, the AdamW state and the batch; both donated.
-    assert one["params"] + one["opt_state"] < train["argument"] < 1.1 * (
-        one["params"] + one["opt_state"]) + 16 * 64
-    assert train["alias"] >= one["params"] + one["opt_state"] - 4
+    # The grad program at the largest chunk (micro_batch_rows=8) of 16 slots a row.
+    assert train["shape"] == "rows=16 chunk=8x16" and "rows=16" in prefill["shape"]
+    # Its arguments are the params, the gradient accumulator (as large; donated) and the batch;
+    # the AdamW state stays on the device beside it.
+    assert 2 * one["params"] < train["argument"] < 1.1 * 2 * one["params"] + 16 * 1024
+    assert train["alias"] >= one["params"] - 4
+    assert one["train_peak"] == train["total"] + one["opt_state"]
     # Prefix sharing: prefill returns each prompt's K/V once (layers x 4 prompts x kv x 8 prompt
     # slots x dim x k,v x f32) and the last logits; decode takes them beside the params and
     # holds the 16 rows' generated K/V (8 new tokens each) in its temporaries.
@@ -163,9 +165,9 @@ def test_compiled_memory_of_the_real_programs(tiny_run_cfg):
 
 
 def test_micro_batches_stay_sharded_over_the_batch_axes():
-    """4-way data parallel, 32 rows: a micro-batch of 8 rows is 2 rows per device, so the step's
-    temporaries (dominated by f32 logits) shrink ~4x against the whole batch. Before the
-    interleaved split, every device computed all 8 rows of each micro-batch."""
+    """4-way data parallel, 32 sequences: `micro_batch_rows=8` makes the largest chunk 8 rows,
+    2 per device, so the grad step's temporaries (dominated by the f32 logits of the scored
+    slots) shrink against chunks of 32 rows; the per-sequence [S, N] arrays are a fixed part."""
     from sagc_jax.compiled_memory import abstract_train_state, train_step_memory
     from sagc_jax.optim import make_optimizer
 
@@ -178,7 +180,7 @@ def test_micro_batches_stay_sharded_over_the_batch_axes():
         state = abstract_train_state(mcfg, mesh, opt)
         temp[mb] = train_step_memory(cfg, state, mesh, opt, rows=32, groups=8, lp=16,
                                      n=16).temp
-    assert temp[8] < 0.4 * temp[32], temp
+    assert temp[8] < 0.5 * temp[32], temp
 
 
 def test_fake_pod_subprocess():

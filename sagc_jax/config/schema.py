@@ -349,8 +349,9 @@ class AlgoConfig(Section):
     mask_truncated: Bool = field(False, "Exclude truncated completions from the loss.")
     packing: Bool = field(
         True,
-        "Pack (prompt + completion) sequences into rows of pack_len slots for the train step "
-        "and the log-prob passes (exact; no padding to a completion bucket).",
+        "Pack several (prompt + completion) sequences into each row of pack_len slots for the "
+        "train step and the log-prob passes, a group's prompt once per row (exact); false = "
+        "one sequence per row (the same steps, more slots computed).",
     )
     pack_len: PosInt | None = field(
         None, "Slots per packed row; None = largest prompt bucket + max_new_tokens - 1, rounded "
@@ -359,7 +360,7 @@ class AlgoConfig(Section):
     pack_chunk_rows: tuple[PosInt, ...] | None = field(
         None,
         "Declared packed-row counts of the compiled chunks an update runs (one compile each); "
-        "None = micro_batch_rows (or 8 x data x fsdp) halved down to data x fsdp.",
+        "None = micro_batch_rows (or 8 x data x fsdp) halved while a multiple of data x fsdp.",
     )
 
     @model_validator(mode="after")

@@ -1,7 +1,16 @@
-"""Rollout -> the train step's host arrays (`BATCH_FIELDS`), at the plan's buckets.
+"""Rollout -> the train batch: one layout, built from the rollout's groups (`rl.packing`).
 
-Sequence layout (all [R, ...], rows prompt-major): tokens [R, Lp + N] = left-padded prompt
-(Lp = prompt bucket) | completion right-padded to N (the completion bucket).
+A rollout is prompt-major: group i is rows [i*G, (i+1)*G), all of one prompt. The batch places
+each sequence (prompt | completion) in rows of `pack_len` slots, a group's prompt once per row
+for the completions of that group there (`share_prompts`, `algo.packing`), or one sequence per
+row (the padded case). Either way the update sees the same arrays:
+
+    chunks  one dict per compiled chunk, `CHUNK_FIELDS` int32 [rows of this process, pack_len]
+            (`head_*`: [rows, N]); a chunk's global rows are `sizes[i]`, `sizes[i] / processes`
+            from each process
+    seqs    `SEQ_FIELDS` [S / processes, ...] per sequence, this process's block of the global
+            [S, ...]; S (the largest batch of any G) and N (`max_new_tokens`) are fixed for the
+            run, so no compiled shape depends on G, the prompt or the completion lengths
 """
 
 from __future__ import annotations
@@ -11,54 +20,109 @@ from typing import Any
 
 import numpy as np
 
+from sagc_jax.hosts import Hosts
+from sagc_jax.rl.packing import pack_chunks, plan_packing, split_chunks
+
+# Per-sequence arrays [S, ...] (name -> rank). `chunk`, `row`, `hstart`: where the sequence sits
+# (`rl.packing`); `ref_logprobs` / `entropy` are zeros here, filled on device by the reference
+# pass (`algo.beta > 0`) and the entropy pass (`top_entropy_quantile < 1`: the threshold is a
+# full-batch quantile, so it must be known before any chunk's gradient).
+SEQ_FIELDS = {
+    "lengths": 1, "loss_rows": 1, "old_logprobs": 2, "ref_logprobs": 2, "rewards": 1,
+    "group_ids": 1, "valid": 1, "chunk": 1, "row": 1, "hstart": 1, "entropy": 2,
+}
+SEQ_FLOAT = ("old_logprobs", "ref_logprobs", "rewards", "entropy")
+SEQ_BOOL = ("loss_rows", "valid")
+# Packed arrays of one chunk, int32 [chunk rows, pack_len]; `head_slots` / `head_targets`:
+# [chunk rows, N], each row's scored slots and the tokens they score (`rl.packing`).
+CHUNK_FIELDS = ("tokens", "positions", "segment_ids", "branch_ids", "head_slots", "head_targets")
+HEAD_FIELDS = ("head_slots", "head_targets")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutSpec:
+    """The layout's static sizes (from the `ShapePlan`) and its two choices.
+
+    seqs: S, global sequences of the largest batch; completion_len: N (also a row's cap on
+    scored slots); pack_len: slots per row; chunk_sizes: the declared global chunk rows;
+    share_prompts: pack several sequences a row, a group's prompt once (else one per row);
+    mask_truncated: truncated completions out of the loss (DAPO).
+    """
+
+    seqs: int
+    completion_len: int
+    pack_len: int
+    chunk_sizes: tuple[int, ...]
+    share_prompts: bool = True
+    pad_id: int = 0
+    mask_truncated: bool = False
+
 
 @dataclasses.dataclass
 class TrainBatch:
-    """Host arrays of one update plus its static shape.
+    """One update's host arrays (see the module doc) and its token accounting.
 
-    arrays: `rl.train_step.BATCH_FIELDS` -> numpy [R, ...] (this process's rows);
-    prompt_len / completion_len: the buckets Lp and N; num_groups: global prompts in the batch.
+    sizes: global rows of each chunk; real_tokens / computed_tokens: this process's slots
+    holding a token the loss needs / slots its forward computes.
     """
 
-    arrays: dict[str, np.ndarray]
-    prompt_len: int
-    completion_len: int
-    num_groups: int
+    chunks: list[dict[str, np.ndarray]]
+    seqs: dict[str, np.ndarray]
+    sizes: tuple[int, ...]
+    real_tokens: int
+    computed_tokens: int
 
     @property
-    def rows(self) -> int:
-        """This process's rows."""
-        return len(self.arrays["lengths"])
+    def token_util(self) -> float:
+        """Real tokens ÷ computed tokens (1.0 for an empty batch)."""
+        return self.real_tokens / self.computed_tokens if self.computed_tokens else 1.0
 
 
-def make_batch(ro: Any, *, prompt_len: int, completion_len: int, num_groups: int, pad_id: int,
-               mask_truncated: bool = False) -> TrainBatch:
+def make_batch(ro: Any, spec: LayoutSpec, hosts: Hosts | None = None) -> TrainBatch:
     """The train batch of rollout `ro` (a `rollout.Rollout`, this process's rows).
 
-    Truncated completions are left out of the loss with `mask_truncated` (DAPO); rows of dropped
-    groups (`ro.valid` False) are in neither the loss nor the advantages, and neither are rows
-    every reward function scored None (`ro.scored` False): their reward is NaN, which the train
-    step reads as "not scored". Group ids are global (this process's rows start at
-    `ro.row_offset`).
+    Loss rows: valid (kept groups), scored by some reward function and, with `mask_truncated`,
+    not truncated; only those are placed. A row every reward function scored None carries a NaN
+    reward, which the step reads as "out of the advantages' statistics". Group ids are global
+    (this process's rows start at `ro.row_offset`). With several processes the chunk count is
+    the largest any process needs (one gather of an int).
     """
-    g = ro.group_size
-    rows = len(ro.lengths)
-    lp, n = prompt_len, completion_len
-    tokens = np.full((rows, lp + n), pad_id, np.int32)
-    pad = np.zeros(rows, np.int32)
-    for r in range(rows):
-        ids = np.asarray(ro.examples[r // g]["prompt_ids"], np.int32)
-        tokens[r, lp - len(ids):lp] = ids
-        pad[r] = lp - len(ids)
-    tokens[:, lp:] = ro.tokens[:, :n]
+    hosts = hosts or Hosts()
+    g, rows = ro.group_size, len(ro.lengths)
+    local = spec.seqs // hosts.count
+    if rows > local:
+        raise ValueError(f"make_batch: {rows} rows exceed the declared {local} sequences")
+    n = spec.completion_len
+    prompts = [np.asarray(ro.examples[r // g]["prompt_ids"], np.int32) for r in range(rows)]
+    lengths = np.asarray(ro.lengths, np.int32)
     scored = getattr(ro, "scored", None)
     rewards = ro.rewards if scored is None else np.where(scored, ro.rewards, np.float32(np.nan))
-    loss_rows = ro.valid.copy()
-    if mask_truncated:
-        loss_rows &= ~ro.truncated
-    arrays = {"tokens": tokens, "prompt_pad": pad, "lengths": ro.lengths.astype(np.int32),
-              "old_logprobs": ro.logprobs[:, :n].astype(np.float32),
-              "ref_logprobs": np.zeros((rows, n), np.float32), "rewards": rewards,
-              "group_ids": ((ro.row_offset + np.arange(rows)) // g).astype(np.int32),
-              "valid": ro.valid, "loss_rows": loss_rows}
-    return TrainBatch(arrays, lp, n, num_groups)
+    loss_rows = np.asarray(ro.valid, bool).copy()
+    if spec.mask_truncated:
+        loss_rows &= ~np.asarray(ro.truncated, bool)
+    plan = plan_packing(np.array([len(q) for q in prompts]), lengths, loss_rows,
+                        pack_len=spec.pack_len, loss_cap=n,
+                        prompt_ids=np.arange(rows) // g,  # the rollout's groups: no hashing
+                        one_per_row=not spec.share_prompts)
+    used = plan.rows if hosts.single else hosts.max_int(plan.rows)
+    split = split_chunks(plan, used, spec.chunk_sizes, processes=hosts.count, index=hosts.index)
+    chunks = pack_chunks(plan, split, prompts, ro.tokens, lengths, spec.pad_id,
+                         index=hosts.index)
+
+    def padded(x: np.ndarray, dtype: Any) -> np.ndarray:
+        out = np.zeros((local, *x.shape[1:]), dtype)
+        out[:rows] = x
+        return out
+
+    seqs = {"lengths": padded(lengths, np.int32), "loss_rows": padded(loss_rows, bool),
+            "rewards": padded(np.asarray(rewards, np.float32), np.float32),
+            "group_ids": padded((ro.row_offset + np.arange(rows)) // g, np.int32),
+            "valid": padded(np.asarray(ro.valid, bool), bool),
+            "old_logprobs": padded(np.asarray(ro.logprobs[:, :n], np.float32), np.float32),
+            "ref_logprobs": np.zeros((local, n), np.float32),
+            "entropy": np.zeros((local, n), np.float32),
+            "chunk": np.full(local, -1, np.int32), "row": padded(split.row, np.int32),
+            "hstart": padded(plan.hstart, np.int32)}
+    seqs["chunk"][:rows] = split.chunk
+    return TrainBatch(chunks, seqs, split.sizes, plan.real_tokens,
+                      split.computed_tokens(spec.pack_len))

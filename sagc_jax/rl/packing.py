@@ -1,13 +1,13 @@
-"""Sequence packing for the train step: several sequences per row, each prompt once per row.
+"""The train layout's host plan: sequences placed in rows, each prompt once per row.
 
-The unpacked layout pads every row to `prompt bucket + completion bucket` (one long completion
-makes every row long) and repeats a group's prompt G times. Packed, a row holds *units*: one
-prompt, then completions of it (each placed at the row's end, so siblings need not be adjacent).
-A completion attends to its unit's prompt and to its own slots, never to a sibling's: its logits
-are those of its sequence run alone, while the prompt's forward, the same for every row of a
-group, runs once per row instead of once per completion. Its gradient is then the sum over the
-completions that read it, as the unpacked step's is over the copies. Completions share a unit
-when their prompt ids are equal (`pack_batch`: equal token ids).
+One layout serves every update. A row holds *units*: one prompt, then completions of it (each
+placed at the row's end, so siblings need not be adjacent). A completion attends to its unit's
+prompt and to its own slots, never to a sibling's: its logits are those of its sequence run
+alone, while the prompt's forward, the same for every row of a group, runs once per row instead
+of once per completion. Its gradient is then the sum over the completions that read it, as it
+would be over G copies. Completions share a unit when their prompt ids are equal: the rollout's
+group index (`rl.batch.make_batch`). The padded layout (`algo.packing: false`) is the case of
+one sequence per row (`one_per_row`): the same arrays, the same compiled steps.
 
 Packed layout of one chunk (int32 [rows, pack_len]):
     tokens       a unit's prompt (p ids) at [pcol_s, pcol_s + p); completion s's first l_s - 1
@@ -23,9 +23,9 @@ the forward, prompts often half a row). So each row lists its scored slots, comp
 `head_slots` [rows, loss_cap] and the token each one scores, `head_targets` (sequences in
 placement order, 0 past the end; sequence s's first at `hstart_s`; a prompt's last slot appears
 once per completion of its unit). Rows are packed so that none holds more than `loss_cap` scored
-slots, which gives that gather a static size. `unpack` gathers per-listed-slot values back to
-the per-sequence `[S, N]` layout the losses take, so packing changes where a token is computed,
-never the loss.
+slots, which gives that gather a static size. `rl.train_step.unpack` gathers per-listed-slot
+values back to the per-sequence `[S, N]` layout the losses take, so packing changes where a
+token is computed, never the loss.
 
 Only sequences that carry loss (completion length > 0 and `loss_rows`) are packed: the others'
 log-probs are masked out of every loss term and metric, so computing them would be waste.
@@ -36,32 +36,28 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
 class PackPlan:
-    """Where each sequence sits; arrays are per sequence [S] (int32).
+    """Where each of S sequences sits among this process's rows; arrays are [S] (int32).
 
     Attributes:
-      chunks: row count of each chunk, in run order (each one of the declared chunk sizes).
       pack_len: slots per row.
-      chunk / row: the sequence's chunk and its row inside the chunk; chunk -1 (row 0) for
-        sequences not packed (`packed` False), so a per-chunk mask `chunk == i` never selects
-        them.
+      loss_cap: scored slots a row may hold (the width of `head_slots`).
+      rows: rows the plan uses.
+      row: the sequence's row (0 .. rows - 1; 0 for sequences not packed).
       col / pcol: first slot of the completion's own ids / of its unit's prompt, in its row.
       segment / branch: its unit's and its own id within the row (`segment_ids`, `branch_ids`).
       hstart: index of the sequence's first scored slot in its row's `head_slots`.
-      loss_cap: scored slots a row may hold (the width of `head_slots`).
       packed: True for sequences placed in the layout.
       real_tokens: slots holding a token (each unit's prompt once, plus Σ (l_s - 1)).
     """
 
-    chunks: tuple[int, ...]
     pack_len: int
-    chunk: np.ndarray
+    loss_cap: int
+    rows: int
     row: np.ndarray
     col: np.ndarray
     pcol: np.ndarray
@@ -70,17 +66,29 @@ class PackPlan:
     hstart: np.ndarray
     packed: np.ndarray
     real_tokens: int
-    loss_cap: int
 
-    @property
-    def computed_tokens(self) -> int:
-        """Slots the forward computes: Σ chunk rows × pack_len."""
-        return sum(self.chunks) * self.pack_len
 
-    @property
-    def token_util(self) -> float:
-        """Real tokens ÷ computed tokens (1.0 for an empty plan)."""
-        return self.real_tokens / self.computed_tokens if self.chunks else 1.0
+@dataclasses.dataclass(frozen=True)
+class ChunkSplit:
+    """The plan's rows cut into compiled chunks, the same on every process.
+
+    Attributes:
+      sizes: global rows of each chunk, in run order (each a declared chunk size).
+      local: this process's rows of each chunk (`sizes / processes`, a contiguous block
+        starting at `index * local` of the chunk's global rows).
+      chunk: [S] the sequence's chunk; -1 for sequences not packed, so a per-chunk mask
+        `chunk == i` never selects them.
+      row: [S] the sequence's global row inside its chunk (0 when not packed).
+    """
+
+    sizes: tuple[int, ...]
+    local: tuple[int, ...]
+    chunk: np.ndarray
+    row: np.ndarray
+
+    def computed_tokens(self, pack_len: int) -> int:
+        """Slots this process's forward computes: Σ local chunk rows × pack_len."""
+        return sum(self.local) * pack_len
 
 
 @dataclasses.dataclass
@@ -155,9 +163,18 @@ def split_rows(rows: int, chunk_sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _one_per_row(count: int) -> tuple[dict[str, np.ndarray], int]:
+    """`first_fit_shared`'s result when each sequence has a row of its own (the padded case):
+    prompt at slot 0, completion right after it, row i for the i-th sequence."""
+    out = {k: np.zeros(count, np.int32) for k in ("col", "pcol", "hstart")}
+    out.update(row=np.arange(count, dtype=np.int32), segment=np.ones(count, np.int32),
+               branch=np.ones(count, np.int32))
+    return out, count
+
+
 def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarray, *,
-                 pack_len: int, chunk_sizes: Sequence[int], loss_cap: int | None = None,
-                 prompt_ids: np.ndarray | None = None) -> PackPlan:
+                 pack_len: int, loss_cap: int | None = None,
+                 prompt_ids: np.ndarray | None = None, one_per_row: bool = False) -> PackPlan:
     """The pack plan of S sequences.
 
     Args:
@@ -165,10 +182,11 @@ def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarr
       lengths: int [S] completion tokens l_s.
       include: bool [S]; sequences that carry loss (others are left out, see module doc).
       pack_len: slots per row; every included p_s + l_s - 1 must fit.
-      chunk_sizes: the declared chunk row counts.
       loss_cap: scored (completion) slots a row may hold, >= every l_s; None = pack_len.
       prompt_ids: int [S]; sequences with equal ids have the same prompt (may share its slots).
         None = all distinct (no sharing).
+      one_per_row: each sequence in a row of its own (the padded layout: no packing, no
+        sharing); the same arrays and compiled steps as the packed layout.
     """
     p = np.asarray(prompt_lens, np.int64)
     ls = np.asarray(lengths, np.int64)
@@ -180,38 +198,62 @@ def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarr
     ids = np.arange(S) if prompt_ids is None else np.asarray(prompt_ids)
     idx = np.flatnonzero(packed)
     cap = pack_len if loss_cap is None else int(loss_cap)
-    where, rows = first_fit_shared(ids[idx], p[idx], ls[idx] - 1, ls[idx], pack_len, cap)
-    chunks = split_rows(rows, chunk_sizes) if rows else ()
-    bounds = np.cumsum((0, *chunks))  # first global row of each chunk
+    if one_per_row:
+        where, rows = _one_per_row(len(idx))
+        where["col"] = p[idx].astype(np.int32)
+    else:
+        where, rows = first_fit_shared(ids[idx], p[idx], ls[idx] - 1, ls[idx], pack_len, cap)
     per_seq = {k: np.zeros(S, np.int32) for k in where}
     for k, v in where.items():
         per_seq[k][idx] = v
-    chunk = np.full(S, -1, np.int32)
-    c_of = np.searchsorted(bounds, where["row"], side="right") - 1
-    chunk[idx] = c_of
-    per_seq["row"][idx] = where["row"] - bounds[c_of]
     units = {(r, s): int(q) for r, s, q in zip(where["row"], where["segment"], p[idx])}
     real = sum(units.values()) + int((ls[idx] - 1).sum())
-    return PackPlan(chunks, pack_len, chunk, per_seq["row"], per_seq["col"], per_seq["pcol"],
-                    per_seq["segment"], per_seq["branch"], per_seq["hstart"], packed, real, cap)
+    return PackPlan(pack_len, cap, rows, per_seq["row"], per_seq["col"], per_seq["pcol"],
+                    per_seq["segment"], per_seq["branch"], per_seq["hstart"], packed, real)
 
 
-def pack_chunks(plan: PackPlan, prompts: Sequence[np.ndarray], completions: np.ndarray,
-                lengths: np.ndarray, pad_id: int) -> list[dict[str, np.ndarray]]:
-    """Per-chunk packed arrays of the plan's sequences: `tokens`, `positions`, `segment_ids`,
-    `branch_ids` (int32 [chunk rows, pack_len]), `head_slots` and `head_targets` (int32
-    [chunk rows, loss_cap]); prompts[s] holds p_s ids, completions [S, >= max l] holds each
-    completion's ids (right-padded)."""
+def split_chunks(plan: PackPlan, rows: int, chunk_sizes: Sequence[int], *, processes: int = 1,
+                 index: int = 0) -> ChunkSplit:
+    """The chunks of `rows` rows per process (>= `plan.rows`: with several processes, the most
+    any process's plan uses), each process holding `size / processes` rows of every chunk.
+
+    Row r of process `index` lands in local chunk block k at local row r - bounds[k], i.e. global
+    row `index * local_k + r - bounds[k]` of chunk k: `make_array_from_process_local_data` puts
+    process i's block there for a mesh whose batch rows are contiguous per process.
+    """
+    local_sizes = sorted({int(c) // processes for c in chunk_sizes}, reverse=True)
+    if local_sizes[-1] < 1:
+        raise ValueError(f"chunk sizes {tuple(chunk_sizes)} must be multiples of the "
+                         f"{processes} processes")
+    local = split_rows(rows, local_sizes) if rows else ()
+    bounds = np.cumsum((0, *local))  # first local row of each chunk
+    chunk = np.full(len(plan.row), -1, np.int32)
+    row = np.zeros(len(plan.row), np.int32)
+    idx = np.flatnonzero(plan.packed)
+    c_of = np.searchsorted(bounds, plan.row[idx], side="right") - 1
+    chunk[idx] = c_of
+    row[idx] = index * np.asarray(local, np.int64)[c_of] + plan.row[idx] - bounds[c_of]
+    return ChunkSplit(tuple(c * processes for c in local), local, chunk, row)
+
+
+def pack_chunks(plan: PackPlan, split: ChunkSplit, prompts: Sequence[np.ndarray],
+                completions: np.ndarray, lengths: np.ndarray, pad_id: int, *,
+                index: int = 0) -> list[dict[str, np.ndarray]]:
+    """This process's rows of each chunk: `tokens`, `positions`, `segment_ids`, `branch_ids`
+    (int32 [local rows, pack_len]), `head_slots` and `head_targets` (int32 [local rows,
+    loss_cap]); prompts[s] holds p_s ids, completions [S, >= max l] each completion's ids
+    (right-padded)."""
     L, K = plan.pack_len, plan.loss_cap
     out = []
-    for c in plan.chunks:
+    for c in split.local:
         ch = {k: np.zeros((c, L), np.int32) for k in ("positions", "segment_ids", "branch_ids")}
         ch["tokens"] = np.full((c, L), pad_id, np.int32)
         ch["head_slots"] = np.zeros((c, K), np.int32)
         ch["head_targets"] = np.full((c, K), pad_id, np.int32)
         out.append(ch)
     for s in np.flatnonzero(plan.packed):
-        ch, r = out[plan.chunk[s]], int(plan.row[s])
+        k = int(split.chunk[s])
+        ch, r = out[k], int(split.row[s]) - index * split.local[k]
         prompt, p = np.asarray(prompts[s], np.int32), len(prompts[s])
         comp, ln = np.asarray(completions[s, :lengths[s]], np.int32), int(lengths[s])
         a, b, h = int(plan.pcol[s]), int(plan.col[s]), int(plan.hstart[s])
@@ -225,50 +267,3 @@ def pack_chunks(plan: PackPlan, prompts: Sequence[np.ndarray], completions: np.n
         ch["head_slots"][r, h:h + ln] = np.concatenate([[a + p - 1], b + np.arange(ln - 1)])
         ch["head_targets"][r, h:h + ln] = comp
     return out
-
-def unpack(values: jax.Array, row: jax.Array, start: jax.Array, n: int) -> jax.Array:
-    """Per-slot packed values [rows, L] -> per-sequence [S, n]: out[s, t] = values[row_s,
-    start_s + t]. Slots past the row end are clamped (garbage the caller masks out)."""
-    cols = jnp.minimum(start[:, None] + jnp.arange(n)[None, :], values.shape[1] - 1)
-    return values[row[:, None], cols]
-
-
-def pack_batch(arrays: dict[str, np.ndarray], prompt_len: int, *, seqs: int, completion_len: int,
-               pack_len: int, chunk_sizes: Sequence[int], pad_id: int
-               ) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray], PackPlan]:
-    """An unpacked host batch (`rl.train_step.BATCH_FIELDS`, tokens [R, Lp + n] with the prompt
-    left-padded to `prompt_len`) -> (packed chunks, per-sequence arrays, plan). Rows with
-    equal prompt ids share their prompt's slots (see module doc).
-
-    Per-sequence arrays are padded to `seqs` rows (invalid, no loss) and `completion_len`
-    columns, so their shapes are the same every step; they carry `chunk`, `row` and
-    `hstart` of the plan besides the batch's own per-row fields. `completion_len` is also
-    each row's cap on scored slots (the width of `head_slots`).
-    """
-    R = len(arrays["lengths"])
-    if seqs < R:
-        raise ValueError(f"pack_batch: {R} rows exceed the declared {seqs} sequences")
-    tokens, pad = arrays["tokens"], arrays["prompt_pad"]
-    lengths = np.asarray(arrays["lengths"], np.int32)
-    prompts = [tokens[r, pad[r]:prompt_len] for r in range(R)]
-    ids: dict[bytes, int] = {}  # equal prompt ids -> one prompt id (a group shares its prompt)
-    prompt_ids = np.array([ids.setdefault(q.tobytes(), len(ids)) for q in prompts], np.int64)
-    plan = plan_packing(prompt_len - pad, lengths, arrays["loss_rows"], pack_len=pack_len,
-                        chunk_sizes=chunk_sizes, loss_cap=completion_len, prompt_ids=prompt_ids)
-    chunks = pack_chunks(plan, prompts, tokens[:, prompt_len:], lengths, pad_id)
-
-    def padded(x: np.ndarray, dtype) -> np.ndarray:
-        out = np.zeros((seqs, *x.shape[1:]), dtype)
-        out[:R] = x
-        return out
-
-    n = arrays["old_logprobs"].shape[1]
-    out = {k: padded(np.asarray(arrays[k]), arrays[k].dtype)
-           for k in ("lengths", "loss_rows", "rewards", "group_ids", "valid")}
-    for k in ("old_logprobs", "ref_logprobs"):
-        out[k] = np.zeros((seqs, completion_len), np.float32)
-        out[k][:R, :n] = arrays[k]
-    out["chunk"] = np.full(seqs, -1, np.int32)
-    out["chunk"][:R] = plan.chunk
-    out["row"], out["hstart"] = padded(plan.row, np.int32), padded(plan.hstart, np.int32)
-    return chunks, out, plan

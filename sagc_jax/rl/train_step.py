@@ -1,11 +1,17 @@
-"""The GRPO/DAPO update and SFT step as pure functions (jitted in `train.learner`).
+"""The GRPO/DAPO update over the train layout (`rl.batch`), and the SFT step, as pure functions.
 
-Advantages are computed inside the step (per group, with that step's G),
-so nothing on the host needs a compile when G changes.
+An update runs the batch's chunks one compiled call each (`make_grad_step`), accumulating
+gradients, then applies the optimizer once (`make_apply_step`). Per-sequence arrays (`SEQ_FIELDS`,
+[S, ...] with S the largest batch of the run, padded with invalid rows) are the same on every
+call; chunk i's loss masks in its own sequences only (`chunk == i`). Every aggregation divides
+sums by full-batch normalisers (see `rl.losses`), so the accumulated loss and gradient equal
+those of one pass over the whole batch (up to float summation order): where a token sits never
+changes the loss. Advantages are computed inside the step (per group, from the rewards), so
+nothing on the host needs a compile when G changes.
 
-Sequence layout of a rollout batch (all [R, ...], rows prompt-major):
-    tokens [R, Lp + N] = left-padded prompt (Lp = prompt bucket) | completion right-padded to N
-    Position Lp + t - 1 predicts completion token t.
+Compiled shapes: one grad step and one log-prob step per chunk size, one apply step — none
+depends on G, the prompt bucket or the completion lengths. `train.steps.CompiledSteps` jits them
+over the mesh and runs the host loop.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from sagc_jax.models.lora import BASE, split_trainable
+from sagc_jax.models.lora import BASE, split_trainable, trainable
 from sagc_jax.rl.advantages import (
     DEFAULT_ADV_EPS,
     frac_reward_zero_std,
@@ -28,12 +34,15 @@ from sagc_jax.rl.advantages import (
 )
 from sagc_jax.rl.losses import (
     METRICS,
+    LossNorms,
     entropy_threshold,
     loss_norms,
     policy_loss,
     token_logprobs,
     token_logprobs_and_entropy,
 )
+
+SUM_METRICS = ("loss", *METRICS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,15 +70,14 @@ class LossSettings:
 
     def advantages(self, rewards: jax.Array, group_ids: jax.Array, valid: jax.Array,
                    num_groups: int) -> jax.Array:
-        """`f32[R]` group advantages under these settings (the padded and packed steps')."""
+        """`f32[S]` group advantages under these settings."""
         return group_advantages(rewards, group_ids, valid, num_groups=num_groups,
                                 scale=self.scale_rewards, eps=self.adv_eps, ddof=self.std_ddof)
 
     def loss(self, logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array,
              mask: jax.Array, *, ref_logprobs: jax.Array, entropy: jax.Array,
              entropy_min: jax.Array | None, norms: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """`policy_loss` under these settings (the KL only with `beta > 0`), the one call of
-        both train steps."""
+        """`policy_loss` under these settings (the KL only with `beta > 0`)."""
         return policy_loss(
             logprobs, old_logprobs, advantages, mask, epsilon=self.epsilon,
             epsilon_high=self.epsilon_high, clip_delta=self.clip_delta,
@@ -81,46 +89,8 @@ class LossSettings:
             max_tokens=self.max_tokens)
 
 
-# Names and ranks of the arrays a rollout batch carries into the step.
-BATCH_FIELDS = {
-    "tokens": 2, "prompt_pad": 1, "lengths": 1, "old_logprobs": 2, "ref_logprobs": 2,
-    "rewards": 1, "group_ids": 1, "valid": 1, "loss_rows": 1,
-}
-
-
-def sequence_inputs(tokens: jax.Array, prompt_pad: jax.Array, lengths: jax.Array,
-                    prompt_len: int) -> tuple[jax.Array, jax.Array]:
-    """positions [R, T] and kv_mask [R, T] for a left-padded prompt + right-padded completion."""
-    slots = jnp.arange(tokens.shape[1])[None, :]
-    positions = jnp.maximum(slots - prompt_pad[:, None], 0)
-    kv_mask = (slots >= prompt_pad[:, None]) & (slots < prompt_len + lengths[:, None])
-    return positions, kv_mask
-
-
-def completion_logits(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
-                      prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int,
-                      rows_sharding: Any = None) -> jax.Array:
-    """Logits [R, N, V] at the positions that predict the N completion tokens.
-
-    `rows_sharding`: the model's residual-stream sharding (see `Transformer.__call__`)."""
-    model = nnx.merge(graphdef, params)
-    positions, kv_mask = sequence_inputs(tokens, prompt_pad, lengths, prompt_len)
-    logits = model(tokens[:, :-1], positions=positions[:, :-1], kv_mask=kv_mask[:, :-1],
-                   rows_sharding=rows_sharding)
-    return logits[:, prompt_len - 1:]
-
-
-def completion_logprobs(graphdef: nnx.GraphDef, params: Any, tokens: jax.Array,
-                        prompt_pad: jax.Array, lengths: jax.Array, prompt_len: int,
-                        temperature: float, rows_sharding: Any = None) -> jax.Array:
-    """Log-probs [R, N] of the completion tokens under softmax(logits / temperature)."""
-    logits = completion_logits(graphdef, params, tokens, prompt_pad, lengths, prompt_len,
-                               rows_sharding)
-    return token_logprobs(logits, tokens[:, prompt_len:], temperature)
-
-
 def completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Array:
-    """`bool[R, n]`: completion tokens of loss rows (t < length)."""
+    """`bool[S, n]`: completion tokens of loss rows (t < length)."""
     return (jnp.arange(n)[None, :] < lengths[:, None]) & loss_rows[:, None]
 
 
@@ -129,11 +99,12 @@ def apply_update(optimizer: optax.GradientTransformation, train: Any, frozen: An
                  adv: jax.Array, scored: jax.Array, norms: Any, rewards: jax.Array,
                  group_ids: jax.Array, valid: jax.Array, *, num_groups: int,
                  ddof: int) -> tuple[Any, Any, dict[str, jax.Array]]:
-    """One optimizer update from a full-batch gradient, shared by the padded and packed steps.
+    """One optimizer update from the full-batch gradient accumulated over the chunks.
 
     A non-finite loss or gradient norm keeps the old params and optimizer state and reports
-    `finite = 0`. Adds the batch metrics (grad norm, |advantage| over scored rows [R], the
-    zero-std group fraction, loss tokens) to the summed loss `metrics`.
+    `finite = 0`. Adds the batch metrics (grad norm, |advantage| over scored rows [S], the
+    zero-std group fraction, loss tokens) to the summed loss `metrics`. Only
+    `lora.split_trainable(params)[0]` (`train`) is updated: the adapters when the model has them.
     """
     grad_norm = optax.tree.norm(grads)
     updates, new_opt = optimizer.update(grads, opt_state, train)
@@ -150,86 +121,114 @@ def apply_update(optimizer: optax.GradientTransformation, train: Any, frozen: An
     return nnx.merge_state(keep(new_train, train), frozen), keep(new_opt, opt_state), metrics
 
 
-def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-                    settings: LossSettings, *, num_groups: int, prompt_len: int,
-                    micro_batches: int = 1, rows_sharding: Any = None) -> Callable:
-    """Returns `step(params, opt_state, batch) -> (params, opt_state, metrics)` (not jitted).
+def unpack(values: jax.Array, row: jax.Array, start: jax.Array, n: int) -> jax.Array:
+    """Per-slot values [rows, L] -> per-sequence [S, n]: out[s, t] = values[row_s,
+    start_s + t]. Slots past the row end are clamped (garbage the caller masks out)."""
+    cols = jnp.minimum(start[:, None] + jnp.arange(n)[None, :], values.shape[1] - 1)
+    return values[row[:, None], cols]
 
-    `num_groups` (prompts in the batch), `prompt_len` (Lp) and `micro_batches` are static.
-    Micro-batch losses use full-batch normalisers (and a full-batch entropy threshold), so
-    accumulated gradients equal the full-batch gradient exactly. Rows whose reward is NaN (every
-    reward function returned None) are out of the advantages' statistics and out of the loss. A
-    non-finite loss or gradient leaves params and optimizer state unchanged and reports
-    `finite = 0`; the host turns that into an error after saving the last good state.
-    Only `lora.split_trainable(params)[0]` is differentiated and updated (the adapters when the
-    model has LoRA adapters, else every param); `opt_state` is the optimizer's state of it.
-    """
+
+def layout_logprobs(graphdef: nnx.GraphDef, params: Any, chunk: dict[str, jax.Array],
+                    temperature: float, entropy: bool = False
+                    ) -> tuple[jax.Array, jax.Array | None]:
+    """(log-prob, entropy or None) [rows, loss_cap] of the target of each scored slot
+    (`head_slots`) under softmax(logits / temperature): the LM head runs on those slots only."""
+    model = nnx.merge(graphdef, params)
+    logits = model(chunk["tokens"], positions=chunk["positions"],
+                   segment_ids=chunk["segment_ids"], branch_ids=chunk["branch_ids"],
+                   logits_at=chunk["head_slots"])
+    return token_logprobs_and_entropy(logits, chunk["head_targets"], temperature,
+                                      entropy=entropy)
+
+
+def _scored_mask_and_norms(seqs: dict[str, jax.Array]
+                           ) -> tuple[jax.Array, jax.Array, LossNorms]:
+    """(scored rows [S], full-batch loss mask [S, N], its normalisers): rows with a NaN reward
+    (unscored) are out of the loss and of the Dr. GRPO row count."""
+    n = seqs["old_logprobs"].shape[1]
+    scored = scored_rows(seqs["rewards"], seqs["valid"])
+    rows = seqs["loss_rows"] & scored
+    mask = completion_mask(seqs["lengths"], rows, n)
+    return scored, mask, loss_norms(mask, scored.sum())
+
+
+def _advantages(seqs: dict[str, jax.Array], settings: LossSettings, num_groups: int) -> jax.Array:
+    return settings.advantages(seqs["rewards"], seqs["group_ids"], seqs["valid"], num_groups)
+
+
+def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
+                   num_groups: int) -> Callable:
+    """`grad_step(params, acc, chunk, seqs, index) -> acc`: adds chunk `index`'s loss gradient
+    and summed metrics to `acc = (grads, sums)` (not jitted; `num_groups` is static). Grads are
+    of `lora.trainable(params)` (the adapters when the model has them)."""
     s = settings
     mask_entropy = s.top_entropy_quantile < 1.0
 
-    def forward(params, mb):
-        """(log-probs, entropies, loss mask) of one (micro-)batch, all [rows, N]."""
-        logits = completion_logits(graphdef, params, mb["tokens"], mb["prompt_pad"],
-                                   mb["lengths"], prompt_len, rows_sharding)
-        logp, ent = token_logprobs_and_entropy(logits, mb["tokens"][:, prompt_len:],
-                                               s.temperature)
-        return logp, ent, completion_mask(mb["lengths"], mb["loss_rows"], logp.shape[1])
+    def grad_step(params, acc, chunk, seqs, index):
+        adv = _advantages(seqs, s, num_groups)
+        _, full, norms = _scored_mask_and_norms(seqs)
+        mask = full & (seqs["chunk"] == index)[:, None]
+        n = mask.shape[1]
+        ent_min = (entropy_threshold(seqs["entropy"], full, s.top_entropy_quantile)
+                   if mask_entropy else None)
 
-    def loss_fn(params, mb, norms, ent_min):
-        logp, ent, mask = forward(params, mb)
-        if mask_entropy and micro_batches == 1:
-            ent_min = entropy_threshold(ent, mask, s.top_entropy_quantile)  # the full batch
-        return s.loss(logp, mb["old_logprobs"], mb["advantages"], mask,
-                      ref_logprobs=mb["ref_logprobs"], entropy=ent,
-                      entropy_min=ent_min if mask_entropy else None, norms=norms)
-
-    def full_batch_entropy_min(params, split):
-        """The entropy threshold over every micro-batch: one extra forward pass, no gradient."""
-        def body(_, mb):
-            _, ent, mask = forward(jax.lax.stop_gradient(params), mb)
-            return None, (ent, mask)
-
-        _, (ent, mask) = jax.lax.scan(body, None, split)
-        return entropy_threshold(ent, mask, s.top_entropy_quantile)
-
-    def step(params, opt_state, batch):
         train, frozen = split_trainable(params)
-        adv = s.advantages(batch["rewards"], batch["group_ids"], batch["valid"], num_groups)
-        scored = scored_rows(batch["rewards"], batch["valid"])
-        loss_rows = batch["loss_rows"] & scored
-        n = batch["old_logprobs"].shape[1]
-        norms = loss_norms(completion_mask(batch["lengths"], loss_rows, n), scored.sum())
-        data = {k: batch[k] for k in BATCH_FIELDS if k not in ("rewards", "group_ids", "valid")}
-        data["advantages"] = adv
-        data["loss_rows"] = loss_rows
-        # Micro-batch k takes rows k, k + M, k + 2M, ... (M = micro_batches): each device's
-        # contiguous block of rows then feeds every micro-batch equally, so a micro-batch stays
-        # sharded over data x fsdp. A contiguous split ([M, R/M]) leaves each micro-batch on a
-        # few devices, and GSPMD replicates it: every device computed every row. Any row split
-        # gives the same gradient (the normalisers are the full batch's).
-        split = jax.tree.map(
-            lambda x: x.reshape(-1, micro_batches, *x.shape[1:]).swapaxes(0, 1), data)
-        ent_min = jnp.zeros((), jnp.float32)
-        if mask_entropy and micro_batches > 1:
-            ent_min = full_batch_entropy_min(params, split)
-        grad_fn = jax.value_and_grad(
-            lambda t, *a: loss_fn(nnx.merge_state(t, frozen), *a), has_aux=True)
 
-        def accumulate(carry, mb):
-            grads, loss, metrics = carry
-            (l, m), g = grad_fn(train, mb, norms, ent_min)
-            return (jax.tree.map(jnp.add, grads, g), loss + l,
-                    jax.tree.map(jnp.add, metrics, m)), None
+        def loss_fn(t):
+            p = nnx.merge_state(t, frozen)
+            logp, ent = layout_logprobs(graphdef, p, chunk, s.temperature, entropy=True)
+            logp = unpack(logp, seqs["row"], seqs["hstart"], n)
+            ent = unpack(ent, seqs["row"], seqs["hstart"], n)
+            return s.loss(logp, seqs["old_logprobs"], adv, mask,
+                          ref_logprobs=seqs["ref_logprobs"], entropy=ent, entropy_min=ent_min,
+                          norms=norms)
 
-        zeros = jax.tree.map(jnp.zeros_like, train)
-        zero_m = {k: jnp.zeros((), jnp.float32) for k in METRICS}
-        (grads, loss, metrics), _ = jax.lax.scan(
-            accumulate, (zeros, jnp.zeros((), jnp.float32), zero_m), split)
-        return apply_update(optimizer, train, frozen, opt_state, grads, loss, metrics, adv,
-                            scored, norms, batch["rewards"], batch["group_ids"], batch["valid"],
-                            num_groups=num_groups, ddof=s.std_ddof)
+        (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(train)
+        grads, sums = acc
+        m = {**m, "loss": loss}
+        return (jax.tree.map(jnp.add, grads, g),
+                {k: sums[k] + m[k] for k in SUM_METRICS})
+
+    return grad_step
+
+
+def make_apply_step(optimizer: optax.GradientTransformation, settings: LossSettings, *,
+                    num_groups: int) -> Callable:
+    """`apply(params, opt_state, acc, seqs) -> (params, opt_state, metrics)`: one optimizer
+    update from the accumulated gradient; a non-finite loss or gradient leaves params and
+    optimizer state unchanged and reports `finite = 0`; the host turns that into an error after
+    saving the last good state."""
+
+    def apply(params, opt_state, acc, seqs):
+        train, frozen = split_trainable(params)
+        grads, sums = acc
+        scored, _, norms = _scored_mask_and_norms(seqs)
+        return apply_update(optimizer, train, frozen, opt_state, grads, sums["loss"], sums,
+                            _advantages(seqs, settings, num_groups), scored, norms,
+                            seqs["rewards"], seqs["group_ids"], seqs["valid"],
+                            num_groups=num_groups, ddof=settings.std_ddof)
+
+    return apply
+
+
+def make_logprob_step(graphdef: nnx.GraphDef, temperature: float,
+                      entropy: bool = False) -> Callable:
+    """`step(params, out, chunk, seqs, index) -> out`: writes the completion log-probs [S, N]
+    (old / reference passes), or with `entropy` the token entropies (nats), of chunk `index`'s
+    sequences into `out`."""
+
+    def step(params, out, chunk, seqs, index):
+        logp, ent = layout_logprobs(graphdef, params, chunk, temperature, entropy=entropy)
+        x = unpack(ent if entropy else logp, seqs["row"], seqs["hstart"], out.shape[1])
+        return jnp.where((seqs["chunk"] == index)[:, None], x, out)
 
     return step
+
+
+def zero_acc(params: Any) -> tuple[Any, dict[str, jax.Array]]:
+    """An empty accumulator (zero grads like the trainable params, zero metric sums)."""
+    return (jax.tree.map(jnp.zeros_like, trainable(params)),
+            {k: jnp.zeros((), jnp.float32) for k in SUM_METRICS})
 
 
 def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation) -> Callable:
@@ -255,19 +254,3 @@ def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
         return nnx.merge_state(optax.apply_updates(base, updates), rest), opt_state, loss
 
     return step
-
-
-def abstract_batch(rows: int, seq_len: int, completion_len: int) -> dict[str, Any]:
-    """ShapeDtypeStructs of a rollout batch (for ahead-of-time compilation)."""
-    i32, f32 = jnp.int32, jnp.float32
-    return {
-        "tokens": jax.ShapeDtypeStruct((rows, seq_len), i32),
-        "prompt_pad": jax.ShapeDtypeStruct((rows,), i32),
-        "lengths": jax.ShapeDtypeStruct((rows,), i32),
-        "old_logprobs": jax.ShapeDtypeStruct((rows, completion_len), f32),
-        "ref_logprobs": jax.ShapeDtypeStruct((rows, completion_len), f32),
-        "rewards": jax.ShapeDtypeStruct((rows,), f32),
-        "group_ids": jax.ShapeDtypeStruct((rows,), i32),
-        "valid": jax.ShapeDtypeStruct((rows,), jnp.bool_),
-        "loss_rows": jax.ShapeDtypeStruct((rows,), jnp.bool_),
-    }

@@ -1,6 +1,6 @@
 """The training run: `train(cfg)` (see `train.loop` for the one-way step).
 
-Modules: `state` (TrainState), `learner` (compiled steps, update), `sft`
+Modules: `state` (RunState), `steps` (the compiled steps), `learner` (update), `sft`
 (warm start), `setup` (build a run), `loop` (the loop); cross-process agreement is
 `sagc_jax.hosts`.
 """

@@ -4,6 +4,9 @@
       -> state, m = learner.update(state, batch) -> policy.observe(observation_from(rollout))
       -> writer.write(row)
 
+The run's state (`train.state.RunState`) is passed through, `train_one(run, state, step) ->
+(state, row)`; a checkpoint is a `RunState`.
+
 `train(cfg)`: build -> restore-or-init (resume, or `init.params`, or the SFT warm start) ->
 warm-up (every shape of the plan compiled before step 1, so `compiles` stays 0 while G moves)
 -> guarded steps (a failing step checkpoints the state from before it) -> signals (Ctrl-C /
@@ -14,6 +17,7 @@ told what the step observed, nothing more.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -40,7 +44,7 @@ from sagc_jax.sampling import compile_count
 from sagc_jax.train.setup import Run, build_run
 from sagc_jax.train.sft import progress_bar, sft_warm_start
 from sagc_jax.train.signals import StopFlag
-from sagc_jax.train.state import copy_params
+from sagc_jax.train.state import RunState, copy_params
 
 logger = logging.getLogger("sagc_jax.train")
 
@@ -55,11 +59,20 @@ def _log(run: Run, msg: str, *args: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- start-up phases
-def _snapshot(run: Run, step: int) -> ckpt.Snapshot:
-    # With LoRA only the adapters are saved: the frozen base is checkpoints/initial.
-    return ckpt.Snapshot(step=step, params=checkpointed(run.state.params),
-                         opt_state=run.state.opt_state,
-                         sagc=run.policy.state, data_iter=list(run.prompts.iterators))
+def _snapshot(run: Run, state: RunState) -> ckpt.Snapshot:
+    """The checkpoint of `state`. With LoRA only the adapters are saved: the frozen base is
+    checkpoints/initial. The prompt iterators stand at `state.data` whenever a state is saved
+    (after its step, or put back by `guarded_step`); grain saves them from the iterators."""
+    return ckpt.Snapshot(step=state.step, params=checkpointed(state.params),
+                         opt_state=state.opt_state, sagc=state.sagc,
+                         data_iter=list(run.prompts.iterators))
+
+
+def _observed(run: Run, state: RunState) -> RunState:
+    """`state` with the SAGC state and the data position the run's policy and prompt stream
+    hold now (a copy of the SAGC state: the policy updates its own in place)."""
+    return dataclasses.replace(state, sagc=copy_state(run.policy.state),
+                               data=run.prompts.get_state())
 
 
 def _no_stop(where: str) -> None:
@@ -74,41 +87,42 @@ def _recipe(cfg: Config) -> dict[str, Any]:
         "seed": cfg.warm_start_seed, "sft_len": s.prompt_buckets[-1] + s.max_new_tokens}))
 
 
-def _saved_warm_start(run: Run) -> bool:
-    """Loads `checkpoints/initial` into the state when a run killed before its first step left
-    one for the same model and recipe (so the SFT is not redone); False otherwise."""
+def _saved_warm_start(run: Run, init: RunState) -> Any | None:
+    """The params of `checkpoints/initial` when a run killed before its first step left one
+    for the same model and recipe (so the SFT is not redone); None otherwise."""
     if run.ckpt.initial_recipe() != _recipe(run.cfg):
-        return False
+        return None
     try:
         run.ckpt.check_model(run.model_cfg)
-        run.state.params = run.ckpt.restore_initial(run.state.params)
+        return run.ckpt.restore_initial(init.params)
     except Exception as e:  # another model, or damaged: redo it
         ckpt.warn(f"checkpoints/initial not reused ({ckpt.error_line(e)}); redoing it")
-        return False
-    return True
+        return None
 
 
-def _fresh_params(run: Run, check: Callable[[str], None]) -> str:
-    """Initial params from a saved warm start, `init.params` or the SFT warm start (then saved
-    as `checkpoints/initial`); says which."""
+def _fresh_params(run: Run, init: RunState, check: Callable[[str], None]) -> tuple[Any, str]:
+    """(initial params, how): from a saved warm start, `init.params` or the SFT warm start
+    (then saved as `checkpoints/initial`); `init` is the built state."""
     cfg = run.cfg
-    if _saved_warm_start(run):
-        return "fresh start from the warm start saved in checkpoints/initial (SFT not redone)"
+    params = _saved_warm_start(run, init)
+    if params is not None:
+        return params, ("fresh start from the warm start saved in checkpoints/initial (SFT not "
+                        "redone)")
     if cfg.init.params:
-        run.state.params = ckpt.restore_params(cfg.init.params, run.state.params)
+        params = ckpt.restore_params(cfg.init.params, init.params)
         how = f"fresh start from init.params {cfg.init.params}"
     else:
         # The SFT examples follow the warm-start seed (`init.seed`), the RL prompts `run.seed`.
         examples = run.train_examples if cfg.warm_start_seed == cfg.run.seed else \
             load_examples(cfg.data, "train", seed=cfg.warm_start_seed)
-        run.state.params, losses = sft_warm_start(
-            cfg, run.state.params, graphdef=run.graphdef, param_shardings=run.param_shardings,
+        params, losses = sft_warm_start(
+            cfg, init.params, graphdef=run.graphdef, param_shardings=run.param_shardings,
             mesh=run.mesh, examples=examples, tokenizer=run.tokenizer,
             progress=run.show_progress, check=check)
         how = f"fresh start; SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else \
             "fresh start"
-    run.ckpt.save_initial(run.state.params, run.model_cfg, recipe=_recipe(cfg))
-    return how
+    run.ckpt.save_initial(params, run.model_cfg, recipe=_recipe(cfg))
+    return params, how
 
 
 # Settings a checkpoint's arrays depend on beyond the architecture (model.json checks that):
@@ -138,20 +152,22 @@ def _check_resume_config(run: Run) -> None:
                 "run.dir")
 
 
-def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> str:
-    """Resumes from the newest good checkpoint (run.resume), else initialises; says which.
+def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> tuple[RunState, str]:
+    """(the state to start from, how): the newest good checkpoint (run.resume), else a fresh
+    state from the run's built one (`Run.take_initial`) with initial params.
 
     `config.yaml` is written only once the run dir's checkpoints are known to fit this config,
     so a refused resume (another model, group sizes...) leaves the run's own config in place.
     """
-    cfg = run.cfg
+    cfg, init = run.cfg, run.take_initial()
     mode = cfg.run.resume
-    run.ckpt.check_space(run.state.params, run.state.opt_state, steps=cfg.run.steps)
+    run.ckpt.check_space(init.params, init.opt_state, steps=cfg.run.steps)
     restored = None
     if mode != "never":
         if run.ckpt.latest_step() is not None:
             _check_resume_config(run)
-        restored = run.ckpt.restore_latest(_snapshot(run, 0), run.model_cfg)
+        template = dataclasses.replace(init, sagc=run.policy.state)
+        restored = run.ckpt.restore_latest(_snapshot(run, template), run.model_cfg)
     if restored is None and mode == "required":
         raise FileNotFoundError(f"run.resume=required but no checkpoint in {run.ckpt.directory}")
     if restored is None and mode == "never" and run.ckpt.latest_step() is not None:
@@ -162,31 +178,30 @@ def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> str:
     copy_ref = cfg.algo.beta > 0 and cfg.model.lora is None
     if restored is None:
         t0 = time.perf_counter()
-        how = _fresh_params(run, check)
+        params, how = _fresh_params(run, init, check)
         run.timing["sft_s"] = time.perf_counter() - t0
         # The reference must survive donation of the params in the train step. With LoRA it is
         # the frozen base itself (adapters off): no copy (`Learner.reference`).
-        run.learner.ref_params = copy_params(run.state.params) if copy_ref else None
+        ref = copy_params(params) if copy_ref else None
         run.writer.resume_from(0)
-        return how
+        return _observed(run, RunState(params, init.opt_state, ref)), how
     params = restored.params
     if cfg.model.lora is not None:  # adapters only: the frozen base is the run's initial params
-        params = with_base(params, run.ckpt.restore_initial(run.state.params))
-    run.state.params, run.state.opt_state = params, restored.opt_state
-    run.state.step = restored.step
+        params = with_base(params, run.ckpt.restore_initial(init.params))
     run.policy.load_state(restored.sagc)
-    if copy_ref:  # with LoRA the reference is the restored base: checkpoints/initial unread
-        run.learner.ref_params = run.ckpt.restore_initial(run.state.params)
-    run.writer.resume_from(run.state.step)
-    if (missing := run.writer.missing_rows(run.state.step)):
+    # With LoRA the reference is the restored base: checkpoints/initial unread.
+    ref = run.ckpt.restore_initial(params) if copy_ref else None
+    state = RunState(params, restored.opt_state, ref, step=restored.step)
+    run.writer.resume_from(state.step)
+    if (missing := run.writer.missing_rows(state.step)):
         raise ckpt.CheckpointMismatchError(
-            f"run.dir {run.run_dir}: checkpoint step {run.state.step} but metrics.jsonl has no "
+            f"run.dir {run.run_dir}: checkpoint step {state.step} but metrics.jsonl has no "
             f"rows for steps {missing[0]}..{missing[-1]} (was the run dir removed or edited "
             "while a run wrote it?); move it aside and rerun to start again")
-    return f"resumed from step {run.state.step}"
+    return _observed(run, state), f"resumed from step {state.step}"
 
 
-def warm_up(run: Run, check: Callable[[str], None] = _no_stop) -> float:
+def warm_up(run: Run, state: RunState, check: Callable[[str], None] = _no_stop) -> float:
     """Compiles every shape (samplers, train steps, gathers) ahead of step 1; returns seconds.
     `check` is called between compile phases (a pending Ctrl-C stops there)."""
     t0 = time.perf_counter()
@@ -196,7 +211,7 @@ def warm_up(run: Run, check: Callable[[str], None] = _no_stop) -> float:
     if run.eval is not None:
         run.eval.sampler.compile_all(progress=run.show_progress)
         check(where)
-    run.learner.warm_up(run.state, run.plan)
+    run.learner.warm_up(state)
     check(where)
     # Host-side eager ops (key derivation, the lr schedule for logging) compile once per
     # signature: do it here so `compiles` is 0 from step 1 on.
@@ -207,18 +222,29 @@ def warm_up(run: Run, check: Callable[[str], None] = _no_stop) -> float:
     return time.perf_counter() - t0
 
 
-def eval_greedy(run: Run) -> float:
-    """Greedy held-out accuracy (first reward fn >= 0.5) with the current params."""
+def eval_greedy(run: Run, params: Any) -> float:
+    """Greedy held-out accuracy (first reward fn >= 0.5) with `params`."""
     assert run.eval is not None
     return greedy_accuracy(run.eval.sampler, run.tokenizer, run.eval.examples, run.reward_fns,
-                           params=run.state.params, key=rollout_key(run.cfg.run.seed, 0, 0),
+                           params=params, key=rollout_key(run.cfg.run.seed, 0, 0),
                            chat_template=run.cfg.data.chat_template,
                            on_error=run.cfg.reward_on_error)
 
 
 # ---------------------------------------------------------------------------- one step
-def train_one(run: Run, step: int) -> dict[str, Any]:
-    """One GRPO step (0-based `step`): the loop in the module docstring; returns its row."""
+class _Updated(Exception):
+    """A step failed after its update, which donated the old state's arrays: `state` holds the
+    live params and optimizer state (equal to the old ones when the loss was non-finite)."""
+
+    def __init__(self, state: RunState):
+        super().__init__("the step failed after its update")
+        self.state = state
+
+
+def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str, Any]]:
+    """One GRPO step (0-based `step` = `state.step`): the loop in the module docstring;
+    returns the new state and the step's metrics row. A failure after the update is raised as
+    `_Updated` (its cause chained)."""
     cfg, hosts = run.cfg, run.hosts
     t_step = time.perf_counter()
     c0 = compile_count()
@@ -230,40 +256,41 @@ def train_one(run: Run, step: int) -> dict[str, Any]:
     num_prompts = run.plan.prompts_per_g[g]
     t0 = time.perf_counter()
     ro = collect(run.sampler, run.prompts, g, run.reward_fns, step=step,
-                 num_prompts=num_prompts, params=run.state.params, tokenizer=run.tokenizer,
+                 num_prompts=num_prompts, params=state.params, tokenizer=run.tokenizer,
                  settings=run.collect_settings, hosts=hosts)
     rollout_s = time.perf_counter() - t0
     gv, plen = global_view(ro, hosts)
-    batch = make_batch(ro, prompt_len=run.sampler.prompt_bucket_for(plen),
-                       completion_len=run.plan.completion_bucket(int(gv.lengths.max())),
-                       num_groups=num_prompts, pad_id=run.pad_id,
-                       mask_truncated=cfg.algo.mask_truncated)
+    batch = make_batch(ro, run.layout, hosts)
     t0 = time.perf_counter()
-    run.state, m = run.learner.update(run.state, batch)
+    new, m = run.learner.update(state, batch)
     train_s = time.perf_counter() - t0
-    if m.get("finite", 1.0) < 1:
-        raise TrainingError(
-            f"non-finite loss or gradient at step {step + 1} (loss={m.get('loss')}, "
-            f"grad_norm={m.get('grad_norm')}); params were not updated. Lower optim.lr or "
-            "check the rewards")
-    run.state.step = step + 1
-    sagc_m = run.policy.observe(observation_from(
-        ro, cfg.sagc, max_new_tokens=cfg.sampling.max_new_tokens,
-        decode_chunk=cfg.sampling.decode_chunk, agree_seconds=hosts.seconds))
-    row = metrics_row(run, step, gv, m, sagc_m, batch.prompt_len, batch.completion_len)
-    row.update(rollout_s=rollout_s, train_s=train_s)
-    ev = cfg.run.eval_every
-    if run.eval is not None and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
-        t0 = time.perf_counter()
-        row["eval_accuracy"] = eval_greedy(run)
-        row["eval_s"] = time.perf_counter() - t0
-    row["compiles"] = compile_count() - c0
-    row["step_s"] = time.perf_counter() - t_step
-    # The host's 1-minute load average beside every measured second: a step timed on a busy
-    # machine is read as such (the `measured` clock of `sagc-jax compare`).
-    row["load_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    run.writer.write(row, trace_row(step, gv, cfg.sampling.max_new_tokens))
-    return row
+    try:
+        if m.get("finite", 1.0) < 1:
+            raise TrainingError(
+                f"non-finite loss or gradient at step {step + 1} (loss={m.get('loss')}, "
+                f"grad_norm={m.get('grad_norm')}); params were not updated. Lower optim.lr or "
+                "check the rewards")
+        sagc_m = run.policy.observe(observation_from(
+            ro, cfg.sagc, max_new_tokens=cfg.sampling.max_new_tokens,
+            decode_chunk=cfg.sampling.decode_chunk, agree_seconds=hosts.seconds))
+        new = _observed(run, new)
+        row = metrics_row(run, step, gv, m, sagc_m, run.sampler.prompt_bucket_for(plen),
+                          run.layout.completion_len)
+        row.update(rollout_s=rollout_s, train_s=train_s)
+        ev = cfg.run.eval_every
+        if run.eval is not None and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
+            t0 = time.perf_counter()
+            row["eval_accuracy"] = eval_greedy(run, new.params)
+            row["eval_s"] = time.perf_counter() - t0
+        row["compiles"] = compile_count() - c0
+        row["step_s"] = time.perf_counter() - t_step
+        # The host's 1-minute load average beside every measured second: a step timed on a
+        # busy machine is read as such (the `measured` clock of `sagc-jax compare`).
+        row["load_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+        run.writer.write(row, trace_row(step, gv, cfg.sampling.max_new_tokens))
+    except Exception as e:
+        raise _Updated(new) from e
+    return new, row
 
 
 def metrics_row(run: Run, step: int, ro: Any, m: dict[str, float], sagc_m: dict[str, Any],
@@ -302,19 +329,23 @@ def trace_row(step: int, ro: Any, max_new_tokens: int) -> dict[str, Any]:
                        for i in range(len(ro.lengths) // g) if ro.valid[i * g]]}
 
 
-def guarded_step(run: Run, step: int) -> dict[str, Any]:
+def guarded_step(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str, Any]]:
     """Runs one step; if it fails (a reward fn raises, bad data, non-finite loss) the state
     from before the step — params, optimizer, SAGC, data position — is checkpointed first,
-    so a fixed run resumes exactly where this one stopped."""
-    data_states = run.prompts.get_state()
-    sagc_state = copy_state(run.policy.state)
+    so a fixed run resumes exactly where this one stopped. After the update (which donated the
+    old arrays) its params and optimizer state are saved instead: unchanged for a non-finite
+    loss, the only failure there that is not a bug."""
     try:
-        return train_one(run, step)
+        return train_one(run, state, step)
     except Exception as e:
+        if isinstance(e, _Updated):
+            state = dataclasses.replace(state, params=e.state.params,
+                                        opt_state=e.state.opt_state)
+            e = e.__cause__ if isinstance(e.__cause__, Exception) else e
         _check_run_dir(run)
-        run.prompts.set_state(data_states)
-        run.policy.load_state(sagc_state)
-        run.ckpt.save(step, _snapshot(run, step), force=True)
+        run.prompts.set_state(state.data)
+        run.policy.load_state(state.sagc)
+        run.ckpt.save(step, _snapshot(run, state), force=True)
         run.ckpt.wait()
         where = f"state before step {step + 1} saved in {run.ckpt.directory}"
         if isinstance(e, TrainingError):
@@ -332,8 +363,8 @@ def _check_run_dir(run: Run) -> None:
 
 
 # ---------------------------------------------------------------------------- the loop
-def _initial_eval(run: Run) -> None:
-    acc = eval_greedy(run)
+def _initial_eval(run: Run, params: Any) -> None:
+    acc = eval_greedy(run, params)
     _log(run, "held-out greedy accuracy before GRPO: %.3f (%d problems)", acc,
          len(run.eval.examples))
     if run.hosts.is_main:
@@ -391,34 +422,34 @@ def run_loop(run: Run, stop: StopFlag | None = None) -> dict[str, Any]:
 
 def _run(run: Run, stop: StopFlag | None, check: Callable[[str], None]) -> dict[str, Any]:
     cfg = run.cfg
-    how = restore_or_init(run, check)
+    state, how = restore_or_init(run, check)
     _log(run, "%s; model %.2fM params, mesh %s", how, run.model_cfg.num_params() / 1e6,
          dict(run.mesh.shape))
-    start = run.state.step
+    start = state.step
     if start >= cfg.run.steps:
         _log(run, "run already finished: step %d of run.steps=%d in %s; raise run.steps to "
              "train further", start, cfg.run.steps, run.run_dir)
         return {}
     check("before compiling (the initial params are saved in checkpoints/initial)")
-    run.timing["compile_s"] = warm_up(run, check)
+    run.timing["compile_s"] = warm_up(run, state, check)
     _log(run, "compiled %d sampler shapes and the train steps in %.1fs",
          len(run.sampler.shapes), run.timing["compile_s"])
     if run.eval is not None and start == 0:
-        _initial_eval(run)
+        _initial_eval(run, state.params)
     last: dict[str, Any] = {}
     bar = progress_bar(range(start, cfg.run.steps), enabled=run.show_progress, desc="GRPO",
                        initial=start, total=cfg.run.steps)
     for step in bar:
-        last = guarded_step(run, step)
+        state, last = guarded_step(run, state, step)
         _report(run, bar, step, last)
         done = step + 1
         _check_run_dir(run)
         if stop is not None and stop.set:
-            run.ckpt.save(done, _snapshot(run, done), force=True)
+            run.ckpt.save(done, _snapshot(run, state), force=True)
             run.ckpt.wait()
             check(f"after step {done}; checkpoint saved in {run.ckpt.directory}; rerun the same "
                   "command to resume")
-        run.ckpt.save(done, _snapshot(run, done), force=done == cfg.run.steps)
+        run.ckpt.save(done, _snapshot(run, state), force=done == cfg.run.steps)
     return last
 
 

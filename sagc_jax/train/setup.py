@@ -1,7 +1,9 @@
 """Everything a training run is built from, derived from a Config once (`build_run`).
 
 Nothing here trains: the loop (`train.loop`) restores or initialises the state, warms up and
-steps. Params live only in `Run.state`; the samplers get them passed on every call.
+steps. The built params and optimizer state are `Run.initial`, handed over once to the loop
+(`Run.take_initial`), which then passes its `RunState` through every step; the samplers get
+the params passed on every call.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import make_mesh_from_config
+from sagc_jax.rl.batch import LayoutSpec
 from sagc_jax.rl.rewards import RewardFn, build_reward_fns, with_timeout
 from sagc_jax.rollout import CollectSettings, PromptStream
 from sagc_jax.sagc import make_policy
 from sagc_jax.sampling import Sampler, SamplingConfig
 from sagc_jax.shapes import ShapePlan
-from sagc_jax.train.learner import CompiledSteps, Learner, loss_settings
-from sagc_jax.train.packed import PackedSteps
-from sagc_jax.train.state import TrainState, init_opt_state
+from sagc_jax.train.learner import Learner, loss_settings
+from sagc_jax.train.state import RunState, init_opt_state
+from sagc_jax.train.steps import CompiledSteps
 
 logger = logging.getLogger("sagc_jax.train")
 
@@ -50,7 +53,8 @@ class EvalSet:
 
 @dataclasses.dataclass
 class Run:
-    """A built run. `state` is the only copy of params and optimizer state."""
+    """A built run. `initial`: the built (fresh) state, until the loop takes it over
+    (`take_initial`); from then on the loop's `RunState` is the only copy of the params."""
 
     cfg: Config
     hosts: Hosts
@@ -61,8 +65,9 @@ class Run:
     model_cfg: ModelConfig
     graphdef: nnx.GraphDef
     param_shardings: Any
-    state: TrainState
+    initial: RunState | None
     learner: Learner
+    layout: LayoutSpec
     lr_schedule: Any
     policy: Any
     reward_fns: list[RewardFn]
@@ -76,6 +81,14 @@ class Run:
     progress: bool
     run_dir: Path
     timing: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def take_initial(self) -> RunState:
+        """The built state, handed over once: the run keeps no reference, so a restored or
+        updated state leaves no second copy of the params alive."""
+        if self.initial is None:
+            raise RuntimeError("Run.take_initial: the built state was already taken")
+        state, self.initial = self.initial, None
+        return state
 
     @property
     def show_progress(self) -> bool:
@@ -207,25 +220,21 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     # With LoRA only the adapters carry optimizer state (`lora.trainable`).
     opt_state, opt_shardings = init_opt_state(optimizer, trainable(params), mesh)
     steps = CompiledSteps(graphdef, optimizer, loss_settings(cfg), mesh, param_shardings,
-                          opt_shardings, cfg.algo.micro_batch_rows)
-    packed = None
-    if plan.packing:
-        packed = PackedSteps(graphdef, optimizer, loss_settings(cfg), mesh, param_shardings,
-                             opt_shardings, num_groups=plan.max_prompts, seqs=plan.max_rows,
-                             completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
-                             chunk_sizes=plan.pack_chunk_rows)
-    elif cfg.algo.packing and hosts.is_main:
-        logger.info("algo.packing: off with %d processes (packing is single-process for now); "
-                    "the train step pads rows to the completion bucket", hosts.count)
-    learner = Learner(steps, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations,
-                      hosts=hosts, batch_ways=plan.batch_ways, packed=packed, pad_id=pad_id)
+                          opt_shardings, num_groups=plan.max_prompts, seqs=plan.max_rows,
+                          completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
+                          chunk_sizes=plan.pack_chunk_rows, hosts=hosts)
+    learner = Learner(steps, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
+    layout = LayoutSpec(seqs=plan.max_rows, completion_len=plan.completion_buckets[-1],
+                        pack_len=plan.pack_len, chunk_sizes=plan.pack_chunk_rows,
+                        share_prompts=plan.packing, pad_id=pad_id,
+                        mask_truncated=cfg.algo.mask_truncated)
     blueprint = _blueprint(graphdef, params)
     sampler = Sampler(blueprint, config=SamplingConfig.from_plan(plan, cfg.sampling),
                       pad_id=pad_id, eos_ids=eos, mesh=mesh)
     return Run(
         cfg=cfg, hosts=hosts, mesh=mesh, plan=plan, tokenizer=tokenizer, pad_id=pad_id,
         model_cfg=model_cfg, graphdef=graphdef, param_shardings=param_shardings,
-        state=TrainState(params, opt_state, 0), learner=learner,
+        initial=RunState(params, opt_state), learner=learner, layout=layout,
         lr_schedule=make_schedule(cfg.optim, cfg.run.steps), policy=_make_policy(cfg),
         reward_fns=reward_fns, sampler=sampler,
         prompts=_prompt_stream(cfg, plan, hosts, train_examples, tokenizer),
