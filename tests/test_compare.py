@@ -371,3 +371,8 @@ def test_sagc_real_page_table_is_its_committed_run():
                           str(run.parent)], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout
     assert "| static-4 | 0.850 ± 0.000 |" in mix and "Clock `measured`" in mix
+    # The benefit model's objective beside it, from the committed trace (issue 49's check).
+    from sagc_jax.experiments.curves import benefit_per_second
+
+    bps = benefit_per_second(run)
+    assert bps["model"] > bps["measured"] > 0 and f"| static-4 | {bps['model']:.4f} |" in mix

@@ -28,8 +28,20 @@ import numpy as np
 
 from sagc_jax.experiments.budget import CLOCKS
 
-__all__ = ["CurvePoint", "PolicyStat", "accuracy_at_budget", "checkpoint_steps", "curve",
-           "mean_se", "mix_curves", "read_on", "run_curves", "summarize_curves", "time_to_accuracy"]
+__all__ = [
+    "CurvePoint",
+    "PolicyStat",
+    "accuracy_at_budget",
+    "benefit_per_second",
+    "checkpoint_steps",
+    "curve",
+    "mean_se",
+    "mix_curves",
+    "read_on",
+    "run_curves",
+    "summarize_curves",
+    "time_to_accuracy",
+]
 
 
 @dataclass(frozen=True)
@@ -217,11 +229,53 @@ def mix_curves(mix_dir: str | Path) -> dict[str, Any]:
     return summarize_curves(pts, lengths)
 
 
+def benefit_per_second(run_dir: str | Path) -> dict[str, float]:
+    """SAGC's objective realised by a run, per clock: Σ over steps of the step's benefit
+    (informative groups × (1 − 1/g), `sagc.updates.step_benefit`, from `trace.jsonl`'s
+    rewards) / the run's final clock (s). Beside held-out accuracy per second it answers
+    issue 49's check: does the benefit model rank the static Gs as learning does?"""
+    import json
+
+    from sagc_jax.config import load_saved_config
+    from sagc_jax.experiments.budget import cumulative_clock
+    from sagc_jax.metrics import read_jsonl
+    from sagc_jax.sagc.timing import TimeModel
+    from sagc_jax.sagc.updates import step_benefit
+
+    run_dir = Path(run_dir)
+    total = 0.0
+    for line in (run_dir / "trace.jsonl").read_text().splitlines():
+        groups = json.loads(line)["groups"] if line.strip() else []
+        if groups:
+            total += step_benefit(np.array([g["rewards"] for g in groups], np.float64))
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    tm = TimeModel.from_sagc(load_saved_config(run_dir / "config.yaml").sagc)
+    return {c: total / float(cumulative_clock(rows, c, tm)[-1]) for c in CLOCKS}
+
+
+def _benefit_md(mix_dir: str | Path) -> list[str]:
+    """The benefit-per-second table of a mix folder (mean over seeds per policy and clock)."""
+    per: dict[str, list[dict[str, float]]] = {}
+    for run in sorted(Path(mix_dir).glob("*-s*")):
+        if (run / "trace.jsonl").is_file():
+            per.setdefault(run.name.rpartition("-s")[0], []).append(benefit_per_second(run))
+    lines = ["## The benefit model's objective, realised", "",
+             "Benefit (informative groups × (1 − 1/g)) per second, mean over seeds "
+             "(`curves.benefit_per_second`): does it rank the policies as the held-out "
+             "accuracy above does?", "", "| policy | " + " | ".join(
+                 f"benefit / `{c}` s" for c in CLOCKS) + " | seeds |", "|---|---|---|---|"]
+    for pol, vals in per.items():
+        cells = " | ".join(f"{np.mean([v[c] for v in vals]):.4f}" if read_on(pol, c) else "–"
+                           for c in CLOCKS)
+        lines.append(f"| {pol} | {cells} | {len(vals)} |")
+    return lines
+
+
 def _main(argv: Sequence[str]) -> int:
     """`python -m sagc_jax.experiments.curves RUN_DIR`: one run's points; `... --mix MIX_DIR`:
     the per-clock table over its committed runs."""
     if len(argv) == 2 and argv[0] == "--mix":
-        print("\n".join(format_curves_md(mix_curves(argv[1]))))
+        print("\n".join([*format_curves_md(mix_curves(argv[1])), *_benefit_md(argv[1])]))
         return 0
     if len(argv) != 1:
         print("usage: python -m sagc_jax.experiments.curves RUN_DIR | --mix MIX_DIR")
