@@ -386,11 +386,10 @@ def write_md(path: Path, sections: dict[str, str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def workloads(only: str = "", sets: list[str] = ()) -> dict[str, dict]:
-    """Workload name -> its file, group, overrides and budget (after ``sets``)."""
+def workloads(only: str = "", extra: list[str] = ()) -> dict[str, dict]:
+    """Workload name -> its file, group, overrides and budget (after ``extra`` overrides)."""
     want = set(only.split(",")) if only else None
     out = {}
-    extra = list(sets)
     for group, folder, sets in GROUPS:
         for path in sorted(folder.glob("*.yaml")):
             if want is not None and path.stem not in want:

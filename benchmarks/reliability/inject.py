@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .cases import Result
+
 # target -> (module, attribute[, method]) of the function wrapped.
 TARGETS: dict[str, tuple[str, str, str | None]] = {
     "build": ("sagc_jax.train.loop", "build_run", None),
@@ -177,6 +179,36 @@ def run_child(argv: list[str], env: dict[str, str], log: Path, fault: Fault | No
     return Child(code=code, last_line=lines[-1] if lines else "",
                  traceback="Traceback (most recent call last)" in text
                  or "NETWORK ACCESS" in text, fired=fired, timed_out=timed_out)
+
+
+def run_cases(groups: tuple[str, ...], n_per_group: int, argv: Any, work: Path,
+              case: Any, report: Any = None) -> Result:
+    """The harnesses' shared driver: one uninterrupted reference run (``argv(run_dir)``), then
+    ``n_per_group`` cases of each group, ``case(i, group, j, ref, env) -> record`` (a dict with
+    ``outcome`` and ``problems``), tallied into a :class:`Result`."""
+    from .kills import ROOT, child_env  # parent side only: the child never imports it
+
+    res = Result()
+    work.mkdir(parents=True, exist_ok=True)
+    env = child_env(work)
+    ref = work / "reference"
+    shutil.rmtree(ref, ignore_errors=True)
+    child = run_child(argv(ref), env, work / "reference.log", None, ROOT)
+    if child.code != 0:
+        raise RuntimeError(f"reference run exited {child.code}: {child.last_line}")
+    i = 0
+    for group in groups:
+        for j in range(n_per_group):
+            rec = case(i, group, j, ref, env)
+            res.tried += 1
+            res.outcomes[f"{group}: {rec['outcome']}"] += 1
+            res.records.append(rec)
+            if rec["problems"]:
+                res.failures.append((i, group, rec["problems"]))
+            if report is not None:
+                report(i, rec)
+            i += 1
+    return res
 
 
 def main(argv: list[str]) -> int:

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .cases import Result
-from .inject import Fault, run_child
-from .kills import ROOT, STEPS, TINY, child_env, outcome
+from .inject import Fault, run_cases, run_child
+from .kills import ROOT, STEPS, TINY, outcome
 
 # Held-out evals on (before GRPO, after steps 4 and 8), so the eval phase exists.
 EXTRA = ("run.eval_every=4", "data.num_eval=16")
@@ -97,24 +97,6 @@ def signal_case(i: int, phase: str, j: int, seed: int, work: Path, ref: Path,
 def run_signals(n_per_phase: int, seed: int, work: Path,
                 phases: tuple[str, ...] = tuple(PHASES), report: Any = None) -> Result:
     """`n_per_phase` cases of each phase against one uninterrupted reference run."""
-    res = Result()
-    work.mkdir(parents=True, exist_ok=True)
-    env = child_env(work)
-    ref = work / "reference"
-    shutil.rmtree(ref, ignore_errors=True)
-    child = run_child(_argv(ref), env, work / "reference.log", None, ROOT)
-    if child.code != 0:
-        raise RuntimeError(f"reference run exited {child.code}: {child.last_line}")
-    i = 0
-    for phase in phases:
-        for j in range(n_per_phase):
-            rec = signal_case(i, phase, j, seed, work, ref, env)
-            res.tried += 1
-            res.outcomes[f"{phase}: {rec['outcome']}"] += 1
-            res.records.append(rec)
-            if rec["problems"]:
-                res.failures.append((i, phase, rec["problems"]))
-            if report is not None:
-                report(i, rec)
-            i += 1
-    return res
+    return run_cases(phases, n_per_phase, _argv, work, report=report,
+                     case=lambda i, phase, j, ref, env: signal_case(i, phase, j, seed, work, ref,
+                                                                     env))

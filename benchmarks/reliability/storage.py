@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from .cases import Result
-from .inject import Fault, fill, run_child
-from .kills import ROOT, STEPS, TINY, child_env, outcome
+from .inject import Fault, fill, run_cases, run_child
+from .kills import ROOT, STEPS, TINY, outcome
 
 KINDS = ("full-save", "full-metrics", "full-initial", "small-disk", "still-full", "ro-start",
          "ro-resume", "ro-mid", "removed")
@@ -225,27 +225,9 @@ def _outcome(rec: dict[str, Any], problems: list[str]) -> str:
 def run_storage(n_per_kind: int, seed: int, work: Path, kinds: tuple[str, ...] = KINDS,
                 report: Any = None) -> Result:
     """`n_per_kind` cases of each kind against one uninterrupted reference run."""
-    res = Result()
-    work.mkdir(parents=True, exist_ok=True)
-    env = child_env(work)
-    ref = work / "reference"
-    shutil.rmtree(ref, ignore_errors=True)
-    child = run_child(_argv(ref), env, work / "reference.log", None, ROOT)
-    if child.code != 0:
-        raise RuntimeError(f"reference run exited {child.code}: {child.last_line}")
-    i = 0
-    for kind in kinds:
-        for _ in range(n_per_kind):
-            rec = storage_case(i, kind, seed, work, ref, env)
-            res.tried += 1
-            res.outcomes[f"{kind}: {rec['outcome']}"] += 1
-            res.records.append(rec)
-            if rec["problems"]:
-                res.failures.append((i, kind, rec["problems"]))
-            if report is not None:
-                report(i, rec)
-            i += 1
-    return res
+    return run_cases(kinds, n_per_kind, _argv, work, report=report,
+                     case=lambda i, kind, _j, ref, env: storage_case(i, kind, seed, work, ref,
+                                                                      env))
 
 
 __all__ = ["KINDS", "fill", "run_storage", "storage_case"]

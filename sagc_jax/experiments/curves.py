@@ -187,23 +187,29 @@ def run_curves(run_dir: str | Path) -> dict[str, list[CurvePoint]]:
     return _committed_run(Path(run_dir))[0]
 
 
+def _rows_and_time_model(run_dir: Path) -> tuple[list[dict[str, Any]], Any]:
+    """A committed run's metrics rows and the time model of its saved config (model clock)."""
+    from sagc_jax.config import load_saved_config
+    from sagc_jax.metrics import read_jsonl
+    from sagc_jax.sagc.timing import TimeModel
+
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    return rows, TimeModel.from_sagc(load_saved_config(run_dir / "config.yaml").sagc)
+
+
 def _committed_run(run_dir: Path) -> tuple[dict[str, list[CurvePoint]],
                                            Callable[[float, str], float | None]]:
     """(points per clock, the mean completion length within a budget on a clock) of one run
     directory holding `eval.json`, `metrics.jsonl` and `config.yaml`."""
     import json
 
-    from sagc_jax.config import load_saved_config
     from sagc_jax.experiments.budget import cumulative_clock, cut_at_budget
     from sagc_jax.experiments.summary import num
-    from sagc_jax.metrics import read_jsonl
-    from sagc_jax.sagc.timing import TimeModel
 
     evals = json.loads((run_dir / "eval.json").read_text())
     acc = {int(v["step"]): float(v["accuracy"]) for v in evals.values()
            if v.get("num_samples") == 0}
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    tm = TimeModel.from_sagc(load_saved_config(run_dir / "config.yaml").sagc)
+    rows, tm = _rows_and_time_model(run_dir)
     steps = [int(r["step"]) for r in rows]
 
     def length_at(budget: float, clock: str) -> float | None:
@@ -236,10 +242,7 @@ def benefit_per_second(run_dir: str | Path) -> dict[str, float]:
     issue 49's check: does the benefit model rank the static Gs as learning does?"""
     import json
 
-    from sagc_jax.config import load_saved_config
     from sagc_jax.experiments.budget import cumulative_clock
-    from sagc_jax.metrics import read_jsonl
-    from sagc_jax.sagc.timing import TimeModel
     from sagc_jax.sagc.updates import step_benefit
 
     run_dir = Path(run_dir)
@@ -248,8 +251,7 @@ def benefit_per_second(run_dir: str | Path) -> dict[str, float]:
         groups = json.loads(line)["groups"] if line.strip() else []
         if groups:
             total += step_benefit(np.array([g["rewards"] for g in groups], np.float64))
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    tm = TimeModel.from_sagc(load_saved_config(run_dir / "config.yaml").sagc)
+    rows, tm = _rows_and_time_model(run_dir)
     return {c: total / float(cumulative_clock(rows, c, tm)[-1]) for c in CLOCKS}
 
 
