@@ -15,6 +15,7 @@ from sagc_jax.cli_errors import (  # noqa: F401  (tests import them from here to
     _os_errno,
     _quiet_closed_loop_callbacks,
     _quiet_library_tracebacks,
+    _silence_abandoned_saves,
     _train_error,
 )
 
@@ -68,6 +69,15 @@ def _train(argv: list[str]) -> int:
         row = train(cfg)
     except Interrupted as e:  # Ctrl-C / SIGTERM: 130 / 143, so scripts can tell it from done
         print(f"sagc-jax train: {e}", file=sys.stderr)
+        if e.at_once:
+            # A hard stop abandons the save in flight: Orbax's threads would either log their
+            # failure after this line or, cut at the wrong moment, keep the interpreter from
+            # exiting (seen: a CI run hung 300 s). The last checkpoint is already on disk and
+            # a partial one is ignored on resume, so nothing waits for them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + e.signum)
+        _silence_abandoned_saves()
         return 128 + e.signum
     except KeyboardInterrupt:  # before the run's own handlers were installed
         print("sagc-jax train: interrupted (Ctrl-C) before training started", file=sys.stderr)

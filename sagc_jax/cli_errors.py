@@ -100,9 +100,10 @@ class _NoTraceback(logging.Filter):
             return False
         if record.levelno >= logging.ERROR and "background save thread" in record.getMessage():
             return False  # Orbax re-raises it to the caller, which reports it
-        if "after interpreter shutdown" in record.getMessage():
+        if "cannot schedule new futures after" in record.getMessage():
             # A save abandoned by a hard stop (a second Ctrl-C): its threads fail as Python
-            # exits, after the command's one line; the next run ignores the partial step.
+            # exits ("... after shutdown" or "... after interpreter shutdown"), after the
+            # command's one line; the next run ignores the partial step.
             return False
         record.exc_info, record.exc_text, record.stack_info = None, None, None
         return True
@@ -131,6 +132,15 @@ def _quiet_library_tracebacks() -> None:
 
     hook._sagc_quiet = True  # type: ignore[attr-defined]
     threading.excepthook = hook
+
+
+def _silence_abandoned_saves() -> None:
+    """After an interrupted run's one line: a save abandoned by a second signal fails in
+    Orbax's threads as Python exits, in words that vary with the moment it is cut (executor
+    shut down, event loop closed...). The command has said what is kept, and the next run
+    ignores the partial step, so those threads' records are not printed."""
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def _quiet_closed_loop_callbacks() -> None:

@@ -13,6 +13,7 @@ class Interrupted(BaseException):
     around a failing step do not treat it as a failure; the CLI exits with 128 + `signum`.
     The message says where the run stopped and what was saved."""
 
-    def __init__(self, signum: int, message: str):
+    def __init__(self, signum: int, message: str, at_once: bool = False):
         super().__init__(message)
         self.signum = signum
+        self.at_once = at_once  # a second signal: whatever was in flight is abandoned

@@ -45,7 +45,7 @@ class StopFlag:
     def _handler(self, signum: int, frame: Any) -> None:
         if self.signum is not None:
             raise Interrupted(signum, f"stopped at once by a second signal ({_name(signum)}); "
-                              "the last saved checkpoint is kept")
+                              "the last saved checkpoint is kept", at_once=True)
         self.signum = signum
 
     def __enter__(self) -> StopFlag:
