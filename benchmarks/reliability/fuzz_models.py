@@ -40,7 +40,7 @@ from .cases import Result
 
 KINDS = ("gguf_truncated", "gguf_architecture", "gguf_missing_tensor", "st_truncated",
          "st_missing_tensor", "st_extra_tensor", "vocab_mismatch")
-FOREIGN = ("falcon", "gemma", "gemma3", "phi3", "mamba", "bert", "gpt2", "qwen3", "starcoder2",
+FOREIGN = ("falcon", "gemma", "gemma2", "phi3", "mamba", "bert", "gpt2", "qwen3moe", "starcoder2",
            "t5", "bloom", "mpt", "stablelm", "olmo", "deepseek2", "command-r")
 ROOT = Path(__file__).resolve().parents[2]
 H, FF, LAYERS, HEADS, KV = 64, 128, 2, 4, 2
