@@ -34,7 +34,13 @@ from jax.sharding import AbstractMesh
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.config.schema import LoRASection
 from sagc_jax.dryrun_report import format_report
-from sagc_jax.memory_estimate import MemoryInputs, activation_bytes, estimate, option_effects
+from sagc_jax.memory_estimate import (
+    MemoryInputs,
+    activation_bytes,
+    estimate,
+    option_effects,
+    per_device,
+)
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.build import model_config, with_lora
 from sagc_jax.models.decode import kv_layer_slots
@@ -248,7 +254,9 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
 
     Returns:
       ``{"ok", "errors", "warnings", "mesh", "model", "checks", "sampler_shapes",
-      "train_shapes", "memory", ...}``; byte counts are per device.
+      "train_layout", "train_shapes", "memory", ...}``; byte counts are per device;
+      ``train_layout`` is the trainer's ``ShapePlan.train_layout`` (S, N, pack_len, chunk
+      sizes), ``train_shapes`` one entry per chunk size.
 
     Raises:
       DryRunError: the mesh does not fit the device count, or the model config is unreadable.
@@ -296,7 +304,8 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     warnings += plan_warn
     kv_tok = mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2 * dt_bytes
     sampler_shapes = _sampler_shapes(plan, mcfg, kv_tok // mcfg.num_layers)
-    train_shapes = _train_shapes(plan, mcfg, tensor, dt_bytes)
+    layout = plan.train_layout
+    train_shapes = _train_shapes(plan, mcfg, tensor)
     longest = max(x["cache_bucket"] for x in sampler_shapes)
     if longest > mcfg.max_position_embeddings:
         warnings.append(f"cache bucket {longest} exceeds max_position_embeddings "
@@ -305,13 +314,11 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     if device_memory_bytes is None and local:
         device_memory_bytes = _local_device_memory()
     big_s = max(sampler_shapes, key=lambda x: x["kv_cache_bytes"])
-    big_t = max(train_shapes, key=lambda x: (x["rows"], x["seq_len"]))
     inputs = MemoryInputs(
         mcfg=mcfg, param_elems=p_elems, param_elems_unsharded=n_params,
         kv_elems=big_s["kv_cache_bytes"] // dt_bytes, decode_rows=big_s["rows_per_device"],
-        train_rows=big_t["rows"], micro_batch_rows=big_t["micro_batch_rows"],
-        batch_shards=batch_ways if big_t["rows"] % batch_ways == 0 else 1,
-        seq=max(x["seq_len"] for x in train_shapes),
+        chunk_rows=max(layout.chunk_sizes), batch_shards=batch_ways, pack_len=layout.pack_len,
+        completion_len=layout.completion_len, seqs=layout.seqs,
         vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta,
         **dict(zip(("lora_elems", "lora_elems_unsharded"), _lora_elems(params, mesh),
                    strict=True)))
@@ -326,8 +333,8 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                         "smaller than ~2^-8 of a weight round away in bf16 storage")
     compiled, compiled_note = _compiled(cfg, mcfg, plan, shape, n_dev, local, compile)
     a = cfg.algo
-    n_prog = len(sampler_shapes) * 2 + len(train_shapes) * (
-        1 + (a.beta > 0 or a.num_iterations > 1))
+    n_prog = len(sampler_shapes) * 2 + len(layout.programs(
+        logprobs=a.beta > 0 or a.num_iterations > 1, entropy=a.top_entropy_quantile < 1))
     return {
         "ok": not errors, "errors": errors, "warnings": warnings,
         "devices": n_dev, "processes": num_processes,
@@ -340,7 +347,8 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                   "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "remat": mcfg.remat,
                   "num_params": n_params, "lora_rank": mcfg.lora_rank,
                   "kv_bytes_per_token": kv_tok},
-        "checks": checks, "sampler_shapes": sampler_shapes, "train_shapes": train_shapes,
+        "checks": checks, "sampler_shapes": sampler_shapes,
+        "train_layout": dataclasses.asdict(layout), "train_shapes": train_shapes,
         "compiled_programs": n_prog, "memory": memory, "memory_options": options,
         "lora": lora_comparison(cfg, mcfg, mesh, inputs),
         "compiled_memory": compiled, "compiled_note": compiled_note,
@@ -398,10 +406,6 @@ def _plan(cfg: Config, batch_ways: int, num_processes: int) -> tuple[ShapePlan, 
                                  group_sizes=ok), errors
 
 
-def _row_shards(plan: ShapePlan, rows: int) -> int:
-    return plan.batch_ways if plan.rows_split(rows) else 1
-
-
 def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig,
                     kv_slot: int) -> list[dict[str, Any]]:
     """Every (G, prompt bucket) sampler program with its per-device KV cache and logits bytes
@@ -413,7 +417,7 @@ def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig,
         raise DryRunError(f"sampling.cache_buckets: {e}") from None
     out = []
     for s in shapes:
-        per_dev = math.ceil(s.rows / _row_shards(plan, s.rows))
+        per_dev = per_device(s.rows, plan.batch_ways)
         out.append({"group_size": s.group_size, "prompts": s.prompts, "rows": s.rows,
                     "prompt_bucket": s.prompt_bucket, "cache_bucket": s.cache_bucket,
                     "rows_per_device": per_dev,
@@ -423,23 +427,19 @@ def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig,
     return out
 
 
-def _train_shapes(plan: ShapePlan, mcfg: ModelConfig, tensor: int,
-                  dt_bytes: int) -> list[dict[str, Any]]:
-    """Every train-step program with its per-device logits and activation bytes."""
-    out = []
+def _train_shapes(plan: ShapePlan, mcfg: ModelConfig, tensor: int) -> list[dict[str, Any]]:
+    """The train layout's chunk programs (`ShapePlan.train_layout`: one grad, and log-prob /
+    entropy, program per chunk size, whatever G or the lengths), each with its per-device
+    logits (the LM head runs on at most N scored slots a row) and activation bytes."""
+    t = plan.train_layout
     vocab_ways = tensor if mcfg.vocab_size % tensor == 0 else 1
-    for s in plan.train_shapes():
-        rows = s.rows
-        mb = plan.micro_batch_rows if plan.micro_batch_rows is not None and \
-            plan.micro_batch_rows < rows else rows
-        mb_dev = math.ceil(mb / _row_shards(plan, rows))
-        seq = s.prompt_bucket + s.completion_bucket
-        out.append({
-            "group_size": s.group_size, "prompts": s.prompts, "rows": rows,
-            "micro_batch_rows": mb, "micro_batches": rows // mb if rows % mb == 0 else None,
-            "prompt_bucket": s.prompt_bucket, "completion_bucket": s.completion_bucket,
-            "seq_len": seq, "logits_bytes": mb_dev * seq * mcfg.vocab_size * 4 // vocab_ways,
-            "activation_bytes": activation_bytes(mcfg, mb_dev, seq)})
+    out = []
+    for c in t.chunk_sizes:
+        rows = per_device(c, plan.batch_ways)
+        out.append({"chunk_rows": c, "rows_per_device": rows, "pack_len": t.pack_len,
+                    "head_slots": t.completion_len,
+                    "logits_bytes": rows * t.completion_len * mcfg.vocab_size * 4 // vocab_ways,
+                    "activation_bytes": activation_bytes(mcfg, rows, t.pack_len)})
     return out
 
 
