@@ -21,7 +21,8 @@ prints both. The terms below follow what the compiled programs hold (measured on
 - sampling: the KV cache x2 (decode carries a copy through its loop), the weight copy decode
   reads (``model.matmul_dtype``, else the compute dtype; none when it is the storage dtype)
   and the f32 decode logits x2 (logits and log-softmax).
-Peak = static + max(train, sampling): the two phases do not overlap.
+Peak = static + max(train, sampling): the two phases do not overlap. The params per device
+come from the sharding rules (`param_bytes_per_device`, of `abstract_params`: no weights).
 """
 
 from __future__ import annotations
@@ -31,12 +32,20 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import AbstractMesh
 
-from sagc_jax.models import ModelConfig
+from sagc_jax.config.schema import LoRASection
+from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.build import with_lora
+from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
+from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 
-__all__ = ["MemoryInputs", "activation_bytes", "chunk_row_bytes", "estimate", "largest_micro_batch",
-           "option_effects", "per_device", "seq_row_bytes"]
+__all__ = ["MemoryInputs", "abstract_params", "activation_bytes", "chunk_row_bytes", "estimate",
+           "largest_micro_batch", "lora_comparison", "lora_elems", "option_effects",
+           "param_bytes_per_device", "per_device", "seq_row_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,3 +201,67 @@ def option_effects(x: MemoryInputs, rows_counts: Sequence[int],
             rows.append({"option": "algo.micro_batch_rows", "setting": "none fits",
                          "peak": None, "delta": None})
     return rows
+
+
+# ---- the params per device (from the sharding rules; no weights)
+
+
+def abstract_params(mcfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Flat {dotted path: ShapeDtypeStruct} of the model's params; nothing is allocated."""
+    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    flat: dict[str, jax.ShapeDtypeStruct] = {}
+
+    def walk(tree: Any, prefix: str) -> None:
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk(pure, "")
+    return flat
+
+
+def param_bytes_per_device(params: dict[str, jax.ShapeDtypeStruct], mesh: AbstractMesh,
+                            bytes_per_elem: int) -> tuple[int, list[str]]:
+    """Per-device bytes of one copy of the params at ``bytes_per_elem``, and the params a rule
+    meant to shard that stay replicated because their dim does not divide the mesh axis."""
+    total, replicated = 0, []
+    for path, x in params.items():
+        spec = spec_for(path, tuple(x.shape), mesh)
+        shards = math.prod(mesh.shape[a] for a in spec if a is not None)
+        total += math.ceil(math.prod(x.shape) / shards) * bytes_per_elem
+        wanted = [LOGICAL_TO_MESH.get(ax) if ax else None for ax in LLAMA_PARAM_AXES[path]]
+        if any(w is not None and mesh.shape[w] > 1 and s is None for w, s in zip(wanted, spec)):
+            replicated.append(path)
+    return total, replicated
+
+
+def lora_elems(params: dict[str, jax.ShapeDtypeStruct],
+                mesh: AbstractMesh) -> tuple[int, int]:
+    """(per-device, unsharded) elements of the LoRA adapters among `params` (0, 0 if none)."""
+    lora = {k: v for k, v in params.items() if k.endswith((A_SUFFIX, B_SUFFIX))}
+    if not lora:
+        return 0, 0
+    return (param_bytes_per_device(lora, mesh, 1)[0],
+            sum(math.prod(x.shape) for x in lora.values()))
+
+
+def lora_comparison(lora: LoRASection | None, mcfg: ModelConfig, mesh: AbstractMesh,
+                    inputs: MemoryInputs) -> dict[str, Any]:
+    """Estimated per-device params / gradients / AdamW state / reference / peak for full
+    fine-tuning and for LoRA (the run's `model.lora` section `lora`, else the section's
+    defaults) on the same model and shapes."""
+    base = dataclasses.replace(mcfg, lora_rank=0, lora_alpha=0.0, lora_targets=())
+    sec = lora or LoRASection()
+    out: dict[str, Any] = {"setting": f"rank {sec.rank}, {len(sec.targets)} targets"}
+    for name, mc in (("full", base), ("lora", with_lora(base, sec))):
+        params = abstract_params(mc)
+        elems, lora = param_bytes_per_device(params, mesh, 1)[0], lora_elems(params, mesh)
+        e = estimate(dataclasses.replace(
+            inputs, mcfg=mc, param_elems=elems,
+            param_elems_unsharded=sum(math.prod(x.shape) for x in params.values()),
+            lora_elems=lora[0], lora_elems_unsharded=lora[1]))
+        out[name] = {k: e[k] for k in ("params", "gradients", "optimizer", "reference", "peak")}
+    return out
