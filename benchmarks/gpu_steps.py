@@ -180,10 +180,8 @@ def train_point(smoke: bool, dev: dict[str, Any], extra: tuple[str, ...] = (),
     params = jax.device_put(params, shard)
     opt = make_optimizer(cfg.optim, cfg.run.steps)
     opt_state, opt_shard = init_opt_state(opt, params, mesh)
-    steps = CompiledSteps(graphdef, opt, loss_settings(cfg), mesh, shard, opt_shard,
-                          num_groups=plan.max_prompts, seqs=plan.max_rows,
-                          completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
-                          chunk_sizes=plan.pack_chunk_rows)
+    steps = CompiledSteps.from_layout(graphdef, opt, loss_settings(cfg), mesh, shard, opt_shard,
+                                      plan.train_layout)
     g = max(plan.group_sizes)
     lp, n = plan.prompt_buckets[0], plan.max_new_tokens
     ro = synth_batch(np.random.default_rng(0), prompts=plan.prompts_per_g[g], group=g,

@@ -70,7 +70,7 @@ def _batches(trace: list[dict], plan: ShapePlan, prompt_lens: np.ndarray, vocab:
     """Rollouts (the fields `rl.batch.make_batch` reads) of `steps` trace steps spread over
     the run."""
     rng = np.random.default_rng(seed)
-    nmax = plan.completion_buckets[-1]
+    nmax = plan.max_new_tokens
     pick = np.linspace(0, len(trace) - 1, steps).round().astype(int)
     out = []
     for i in pick:
@@ -103,12 +103,10 @@ def _setup(args: argparse.Namespace) -> dict:
     opt = make_optimizer(cfg.optim, cfg.run.steps)
     opt_state, opt_shard = init_opt_state(opt, params, mesh)
     settings = loss_settings(cfg)
-    steps = CompiledSteps(graphdef, opt, settings, mesh, shard, opt_shard,
-                          num_groups=plan.max_prompts, seqs=plan.max_rows,
-                          completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
-                          chunk_sizes=plan.pack_chunk_rows)
-    specs = {name: LayoutSpec(seqs=plan.max_rows, completion_len=plan.completion_buckets[-1],
-                              pack_len=plan.pack_len, chunk_sizes=plan.pack_chunk_rows,
+    t = plan.train_layout
+    steps = CompiledSteps.from_layout(graphdef, opt, settings, mesh, shard, opt_shard, t)
+    specs = {name: LayoutSpec(seqs=t.seqs, completion_len=t.completion_len,
+                              pack_len=t.pack_len, chunk_sizes=t.chunk_sizes,
                               share_prompts=name == "packed") for name in ("padded", "packed")}
     examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
     prompt_lens = np.array([len(encode_prompt(tok, examples[i]["prompt"],

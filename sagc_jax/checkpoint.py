@@ -16,22 +16,16 @@ restored the bad one is renamed `<step>.corrupt-<UTC time>`: the fallback does n
 rerun and the step number can be saved again. Any other failure while reading (out of memory, an
 I/O error, a full disk, Ctrl-C) says nothing about the files: it is raised as it is and nothing is
 moved. A checkpoint of a different model shape is an error naming the mismatch, never a fallback.
+Those verified reads and the fallback are `restore.py`'s (re-exported here).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
-import gc
 import json
-import logging
 import os
-import re
 import shutil
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,27 +35,28 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from sagc_jax.checksum import fingerprints, fingerprints_np, mismatches
+from sagc_jax.checksum import fingerprints, fingerprints_np
 from sagc_jax.models.config import ModelConfig
 
-logger = logging.getLogger(__name__)
+# Re-exported: callers read a checkpoint's files through `checkpoint` (`restore.py` has them).
+from sagc_jax.restore import CHECKSUMS_SUFFIX as CHECKSUMS_SUFFIX
+from sagc_jax.restore import CheckpointCorruptError as CheckpointCorruptError
+from sagc_jax.restore import CheckpointMismatchError as CheckpointMismatchError
+from sagc_jax.restore import _abstract as _abstract
+from sagc_jax.restore import _checksums_file as _checksums_file
+from sagc_jax.restore import _pure as _pure
+from sagc_jax.restore import _quiet_orbax_unraisable as _quiet_orbax_unraisable
+from sagc_jax.restore import _unreadable as _unreadable
+from sagc_jax.restore import error_line as error_line
+from sagc_jax.restore import first_restorable as first_restorable
+from sagc_jax.restore import integrity_failure as integrity_failure
+from sagc_jax.restore import restore_params as restore_params
+from sagc_jax.restore import restore_pure_params as restore_pure_params
+from sagc_jax.restore import verify as verify
+from sagc_jax.restore import warn as warn
 
 CORRUPT_TAG = ".corrupt-"
-CHECKSUMS_SUFFIX = ".checksums.json"
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint exists but belongs to an incompatible configuration."""
-
-
-class CheckpointCorruptError(RuntimeError):
-    """A checkpoint reads back different values than were saved (names the step and array)."""
-
-
-def warn(msg: str) -> None:
-    """A warning from process 0 only (every process sees the same checkpoints)."""
-    if jax.process_index() == 0:
-        logger.warning("%s", msg)
+INITIAL = "initial"  # `checkpoints/initial`: the params before step 1 (the KL reference)
 
 
 def format_bytes(n: float) -> str:
@@ -75,106 +70,6 @@ def format_bytes(n: float) -> str:
 
 def tree_bytes(tree: Any) -> int:
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-
-_MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
-# Tensorstore status codes (the start of its ValueError texts) that mean the stored bytes are
-# missing or do not decode; any other code (RESOURCE_EXHAUSTED, UNAVAILABLE, CANCELLED, ...) is
-# a failure of this read, not of the files.
-_TS_DAMAGED = ("DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE", "INVALID_ARGUMENT", "FAILED_PRECONDITION")
-_TS_OS_ERROR = re.compile(r"os_error_code[=:'\s]+(\d+)|\[OS error (\d+)")
-
-
-def _chain(e: BaseException) -> list[BaseException]:
-    out: list[BaseException] = []
-    while e is not None and len(out) < 16 and e not in out:
-        out.append(e)
-        e = e.__cause__ or e.__context__  # type: ignore[assignment]
-    return out
-
-
-def integrity_failure(e: BaseException) -> bool:
-    """True when `e` (or what caused it) says a checkpoint's files are damaged: a fingerprint
-    mismatch, a missing file, bytes that do not decode (JSON, UTF-8, zstd, a Tensorstore
-    DATA_LOSS / NOT_FOUND / OUT_OF_RANGE / INVALID_ARGUMENT / FAILED_PRECONDITION, a
-    TypeError / AttributeError / IndexError raised inside Orbax while it parses a damaged
-    metadata file). False for
-    everything that says nothing about the files: MemoryError, an OSError other than a missing
-    file (EIO, ENOSPC, EINTR, EACCES...), a Tensorstore OS error or another status code, and
-    anything not an Exception (KeyboardInterrupt) — those are raised, never a fallback."""
-    chain = _chain(e)
-    for x in chain:
-        if not isinstance(x, Exception) or isinstance(x, MemoryError):
-            return False
-        if isinstance(x, OSError) and not isinstance(x, _MISSING):
-            return False
-        text = str(x)
-        m = _TS_OS_ERROR.search(text)
-        if m and int(m.group(1) or m.group(2)) != errno.ENOENT:
-            return False
-        if isinstance(x, ValueError) and re.match(r"[A-Z_]{4,}: ", text) and not text.startswith(
-                _TS_DAMAGED):
-            return False  # a Tensorstore status that is not about the bytes
-    return any(isinstance(x, (CheckpointCorruptError, *_MISSING, ValueError, KeyError, EOFError))
-               or (isinstance(x, (TypeError, AttributeError, IndexError)) and _from_orbax(x))
-               for x in chain)
-
-
-def _from_orbax(e: BaseException) -> bool:
-    """Raised by Orbax's own code (the innermost frame): how it fails on a metadata file that
-    is valid JSON of the wrong shape (`'dict' object has no attribute 'param_name'`)."""
-    tb = e.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename
-
-
-@contextlib.contextmanager
-def _quiet_orbax_unraisable() -> Iterator[None]:
-    """While restoring: Orbax's read coroutines that fail on damaged bytes are dropped
-    unawaited, and Python prints each as "Exception ignored in: <coroutine ...>" with a
-    traceback and a page of TensorStore spec — for an error this module reports in one line
-    anyway. Those records (and only those) are dropped; the hook is put back on exit."""
-    default = sys.unraisablehook
-
-    def hook(args: Any) -> None:
-        name = getattr(getattr(args.object, "cr_code", None), "co_filename", "")
-        if "orbax" not in name:
-            default(args)
-
-    sys.unraisablehook = hook
-    try:
-        yield
-    finally:
-        gc.collect()  # the dropped coroutines are reported when collected: do it here
-        sys.unraisablehook = default
-
-
-def _unreadable(where: str, e: Exception) -> Exception:
-    """`e` as a CheckpointCorruptError naming `where` if it is an integrity failure, else `e`
-    itself (the caller raises it unchanged)."""
-    if isinstance(e, CheckpointCorruptError) or not integrity_failure(e):
-        return e
-    return CheckpointCorruptError(f"{where}: unreadable ({error_line(e)})")
-
-
-def error_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
-
-
-def verify(what: str, tree: Any, saved: list[str] | None, *, host: bool = False) -> None:
-    """Raises CheckpointCorruptError if `tree`'s fingerprints differ from `saved` (None: a
-    checkpoint written before fingerprints existed, not checked)."""
-    if saved is None:
-        return
-    got = fingerprints_np(tree) if host else fingerprints(tree)
-    bad = mismatches(tree, saved, got)
-    if bad:
-        more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
-        raise CheckpointCorruptError(f"{what}: checksum mismatch in {', '.join(bad[:3])}{more}")
 
 
 def _nested(tree: Any) -> Any:
@@ -197,10 +92,6 @@ def _sagc_keys(sagc: dict[str, Any]) -> list[str]:
     for m, sub in sagc.items():
         out += [f"{m}/{k}" for k in sub] if isinstance(sub, dict) else [str(m)]
     return sorted(out)
-
-
-def _checksums_file(path: Path) -> Path:
-    return path.parent / f"{path.name}{CHECKSUMS_SUFFIX}"
 
 
 @dataclasses.dataclass
@@ -240,77 +131,10 @@ def _model_signature(cfg: ModelConfig) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in keys}
 
 
-def _pure(params: Any) -> dict:
-    return nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
-
-
 def _flat(tree: Any) -> dict[str, Any]:
     """Optimizer states are nested optax tuples holding nnx.States: store leaves by index so the
     on-disk format does not depend on those classes; the live tree supplies the structure."""
     return {str(i): x for i, x in enumerate(jax.tree.leaves(tree))}
-
-
-def _abstract(tree: Any) -> Any:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                        tree)
-
-
-def restore_params(path: str | Path, template: Any) -> Any:
-    """Params saved by `RunCheckpointer.save_initial` (or any Orbax pure-dict params dir),
-    placed like `template` (an nnx.State); shape mismatches are errors naming the param."""
-    path = Path(path).absolute()
-    if not path.exists():
-        raise FileNotFoundError(f"init.params: {path} does not exist")
-    pure = restore_pure_params(path, _abstract(_pure(template)))
-    out = jax.tree.map(lambda x: x, template)
-    nnx.replace_by_pure_dict(out, pure)
-    return out
-
-
-def restore_pure_params(path: str | Path, target: Any, step: int | None = None) -> Any:
-    """Pure-dict params placed as `target` (ShapeDtypeStructs with shardings): from an
-    `initial`-style directory (`step=None`) or the `params` item of CheckpointManager step
-    `step` in directory `path` (the optimizer state and the rest are not read). Values are
-    verified against the saved fingerprints (`<dir>.checksums.json`, or the step's `meta`)."""
-    path = Path(path).absolute()
-    if step is None:
-        try:
-            with _quiet_orbax_unraisable(), ocp.StandardCheckpointer() as c:
-                pure = c.restore(path, target)
-        except Exception as e:  # Orbax raises bare Exception for a chunk it cannot decode
-            # Damage that breaks decoding (a flipped byte in a zstd chunk, a truncated file)
-            # surfaces here, before any checksum can be compared.
-            if not _checksums_file(path).is_file():
-                raise  # not one of ours: Orbax's own message (shapes, structure) says more
-            err = _unreadable(str(path), e)
-            if err is e:
-                raise
-            raise err from None
-        sums = _checksums_file(path)
-        if sums.is_file():
-            try:
-                saved = json.loads(sums.read_text())["params"]
-            except (OSError, ValueError, KeyError) as e:
-                raise CheckpointCorruptError(f"{sums} is unreadable ({error_line(e)})") from None
-            verify(str(path), pure, saved)
-        return pure
-    mngr = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False))
-    try:
-        with _quiet_orbax_unraisable():
-            got = mngr.restore(step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # as above: undecodable bytes fail before the checksums can
-        err = _unreadable(f"checkpoint step {step} in {path}", e)
-        if err is e:
-            raise
-        raise err from None
-    finally:
-        mngr.close()
-    sums = (got["meta"] or {}).get("checksums") or {}
-    verify(f"checkpoint step {step} in {path}: params", got["params"], sums.get("params"))
-    return got["params"]
 
 
 class RunCheckpointer:
@@ -361,7 +185,7 @@ class RunCheckpointer:
         saves = steps // self.every + 1 if self.every > 0 else 1  # + the final / signal save
         existing = len(self._step_dirs())
         count = max(min(self.keep + 1, saves) - existing, 0)
-        initial = 0 if (self.directory / "initial").is_dir() else tree_bytes(params)
+        initial = 0 if (self.directory / INITIAL).is_dir() else tree_bytes(params)
         how = (f"{count} checkpoint(s) of {format_bytes(per_ckpt)} (checkpoint.keep={self.keep}, "
                f"{existing} already saved) + {format_bytes(initial)} initial params")
         return count * per_ckpt + initial, how
@@ -407,7 +231,7 @@ class RunCheckpointer:
         `recipe` (the settings that produced them) is stored beside the fingerprints, so a run
         killed before its first step reuses them instead of redoing the SFT (`initial_recipe`).
         """
-        path = self.directory / "initial"
+        path = self.directory / INITIAL
         sums = _checksums_file(path)
         pure = _pure(params)
         digest = fingerprints(pure)
@@ -426,14 +250,14 @@ class RunCheckpointer:
 
     def initial_recipe(self) -> dict[str, Any] | None:
         """The `recipe` saved with a complete `initial/` (None if there is none)."""
-        sums = _checksums_file(self.directory / "initial")
+        sums = _checksums_file(self.directory / INITIAL)
         try:
             return json.loads(sums.read_text()).get("recipe")
         except (OSError, ValueError, AttributeError):
             return None
 
     def restore_initial(self, template: Any) -> Any:
-        return restore_params(self.directory / "initial", template)
+        return restore_params(self.directory / INITIAL, template)
 
     def wait(self) -> None:
         if self._mngr is not None:
@@ -489,21 +313,15 @@ class RunCheckpointer:
         if self.latest_step() is None:
             return None
         self.check_model(model_cfg)
-        bad: list[tuple[int, str]] = []
-        for step in sorted(self.manager.all_steps(), reverse=True):
-            try:
-                with _quiet_orbax_unraisable():
-                    state = self._restore(step, template)
-            except CheckpointCorruptError as e:
-                bad.append((step, error_line(e)))
-                warn(f"checkpoint step {step} in {self.directory} is unreadable or corrupt "
-                      f"({bad[-1][1]}); falling back to the previous one")
-                continue
-            if bad:
-                self.quarantine([s for s, _ in bad])
-            return state
-        raise CheckpointCorruptError(f"no checkpoint in {self.directory} could be restored (step "
-                                     f"{bad[0][0]}: {bad[0][1]}); nothing was moved")
+        state, bad = first_restorable(sorted(self.manager.all_steps(), reverse=True),
+                                      lambda step: self._restore(step, template),
+                                      lambda step: f"step {step} in {self.directory}")
+        if state is None:
+            raise CheckpointCorruptError(f"no checkpoint in {self.directory} could be restored "
+                                         f"(step {bad[0][0]}: {bad[0][1]}); nothing was moved")
+        if bad:
+            self.quarantine([s for s, _ in bad])
+        return state
 
     def quarantine(self, steps: list[int]) -> list[Path]:
         """Renames damaged steps to `<step>.corrupt-<UTC time>` (kept for inspection; Orbax

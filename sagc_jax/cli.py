@@ -60,7 +60,7 @@ def _train(argv: list[str]) -> int:
                  *([] if args.compile is None else ["--compile" if args.compile
                                                     else "--no-compile"]), *args.overrides]
         return run_dry_run(cfg, child, devices=args.devices, compile=args.compile,
-                           prog="sagc-jax train")
+                           prog="sagc-jax train: dry run")
     from sagc_jax.errors import Interrupted
     from sagc_jax.train import train
 
@@ -170,15 +170,9 @@ def _eval(argv: list[str]) -> int:
     from sagc_jax.data.readers import DataError
     from sagc_jax.data.tasks import TASKS, get_task
     from sagc_jax.data.tokenizer import TokenizerError
-    from sagc_jax.evaluate import (
-        CheckpointPathError,
-        evaluate,
-        format_table,
-        load_eval_examples,
-        load_policy,
-        resolve_checkpoint,
-    )
+    from sagc_jax.evaluate import evaluate, format_table, load_eval_examples
     from sagc_jax.models.hf import ModelFileError
+    from sagc_jax.open_run import CheckpointPathError, load_policy, resolve_checkpoint
     from sagc_jax.rl.rewards import RewardFn, build_reward_fns, with_timeout
 
     try:
@@ -241,10 +235,10 @@ def _export(argv: list[str]) -> int:
                         "LoRA adapters only, as a PEFT adapter dir for the run's model.path")
     args = p.parse_args(argv)
     from sagc_jax.data.tokenizer import TokenizerError
-    from sagc_jax.evaluate import CheckpointPathError
     from sagc_jax.export import export
     from sagc_jax.models.hf import ModelFileError
     from sagc_jax.models.peft import NoAdaptersError
+    from sagc_jax.open_run import CheckpointPathError
 
     try:
         dest = export(args.checkpoint, args.out, overwrite=args.force, fmt=args.format)

@@ -8,7 +8,9 @@ arguments, outputs, aliased (donated) buffers and temporaries of each program.
 
 Per-device peak of a run (the phases do not overlap):
 - train: ``arguments + outputs - aliased + temporaries`` of the train step's grad program at its
-  largest chunk (its arguments hold the params, the gradient accumulator and the batch), plus
+  largest chunk of the one train layout (``ShapePlan.train_layout``, built as the trainer does:
+  ``CompiledSteps.from_layout``; its arguments hold the params, the gradient accumulator and
+  the batch), plus
   the AdamW state, which stays on the device but is an argument of the apply program only;
 - sampling: the same sum for prefill and for decode (params, KV cache, logits...), plus the
   AdamW state, which stays on the device during sampling but is not an argument of those programs;
@@ -99,32 +101,25 @@ def _bytes_per_device(tree: Any) -> int:
     return total
 
 
-def train_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh, optimizer, *, rows: int,
-                      groups: int, lp: int, n: int) -> ProgramMemory:
-    """Compile the train step's grad program for a batch of ``rows`` sequences (``groups``
-    prompts) of up to ``lp + n`` tokens, at its largest chunk.
+def train_step_memory(state: dict[str, Any], mesh: Mesh, optimizer, settings: Any,
+                      layout: Any) -> ProgramMemory:
+    """Compile the train step's grad program at the largest chunk of ``layout`` (a
+    ``shapes.TrainLayout``, the run's ``ShapePlan.train_layout``), as the trainer builds it
+    (``CompiledSteps.from_layout``).
 
-    ``state`` is :func:`abstract_train_state`'s result for ``optimizer``; the chunk sizes follow
-    ``algo.pack_chunk_rows`` (default: ``algo.micro_batch_rows`` halved down to data x fsdp),
-    the row length ``algo.pack_len``.
+    ``state`` is :func:`abstract_train_state`'s result for ``optimizer``; ``settings`` the
+    run's ``LossSettings`` (``train.learner.loss_settings``).
     """
     from sagc_jax.rl.train_step import zero_acc
-    from sagc_jax.shapes import default_chunk_rows, pack_len_for
-    from sagc_jax.train.learner import loss_settings
     from sagc_jax.train.steps import CompiledSteps
 
-    a = cfg.algo
-    ways = mesh.shape["data"] * mesh.shape["fsdp"]
-    chunk_sizes = tuple(a.pack_chunk_rows or default_chunk_rows(a.micro_batch_rows, ways))
-    steps = CompiledSteps(state["graphdef"], optimizer, loss_settings(cfg), mesh,
-                          state["param_shardings"], state["opt_shardings"], num_groups=groups,
-                          seqs=rows, completion_len=n, pack_len=a.pack_len or pack_len_for(lp, n),
-                          chunk_sizes=chunk_sizes)
-    c = max(chunk_sizes)
+    steps = CompiledSteps.from_layout(state["graphdef"], optimizer, settings, mesh,
+                                      state["param_shardings"], state["opt_shardings"], layout)
+    c = max(layout.chunk_sizes)
     acc = jax.eval_shape(zero_acc, state["params"])
     acc = _with_shardings(acc, steps._acc_shardings())
     idx = jax.ShapeDtypeStruct((), jnp.int32, sharding=steps._rep)
-    return _measure("train_step", f"rows={rows} chunk={c}x{steps.pack_len}",
+    return _measure("train_step", f"rows={layout.seqs} chunk={c}x{layout.pack_len}",
                     lambda: steps._fn("grad", c).lower(state["params"], acc,
                                                        steps._chunk_spec(c), steps._seq_spec(),
                                                        idx))
@@ -151,22 +146,22 @@ def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, plan: Any) -> di
       cfg: the run config (``sampling``, ``algo``, ``optim``, ``run.steps``).
       mcfg: the architecture (its ``param_dtype`` / ``remat`` apply).
       mesh: a concrete mesh (fake CPU devices are fine).
-      plan: the run's ``shapes.ShapePlan`` (G -> prompts, buckets, micro-batches).
+      plan: the run's ``shapes.ShapePlan`` (G -> prompts, buckets, the train layout).
 
     Returns:
       ``{"programs": [ProgramMemory.as_dict()...], "opt_state", "params", "train_peak",
-      "sampler_peak", "reference", "peak", "compile_s"}``; the largest shapes are the G with
-      the most rows and the longest prompt bucket.
+      "sampler_peak", "reference", "peak", "compile_s"}``: the train step's largest chunk of
+      the one layout, the sampler's G with the most rows at the longest prompt bucket.
     """
     from sagc_jax.optim import make_optimizer
+    from sagc_jax.train.learner import loss_settings
 
     optimizer = make_optimizer(cfg.optim, cfg.run.steps)
     state = abstract_train_state(mcfg, mesh, optimizer)
     ppg = plan.prompts_per_g
     g = max(ppg, key=lambda k: (ppg[k] * k, k))
     lp = max(plan.prompt_buckets)
-    progs = [train_step_memory(cfg, state, mesh, optimizer, rows=ppg[g] * g, groups=ppg[g],
-                               lp=lp, n=max(plan.completion_buckets))]
+    progs = [train_step_memory(state, mesh, optimizer, loss_settings(cfg), plan.train_layout)]
     progs += _sampler_programs(cfg, mcfg, mesh, plan, g, lp)
     opt_b, param_b = _bytes_per_device(state["opt_state"]), _bytes_per_device(state["params"])
     ref = param_b if cfg.algo.beta > 0 else 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -28,23 +29,29 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
-from sagc_jax.config.schema import LoRASection
 from sagc_jax.dryrun_report import format_report
-from sagc_jax.memory_estimate import MemoryInputs, activation_bytes, estimate, option_effects
-from sagc_jax.models import ModelConfig, Transformer
-from sagc_jax.models.build import model_config, with_lora
+from sagc_jax.memory_estimate import (
+    MemoryInputs,
+    abstract_params,
+    activation_bytes,
+    estimate,
+    lora_comparison,
+    lora_elems,
+    option_effects,
+    param_bytes_per_device,
+    per_device,
+)
+from sagc_jax.models import ModelConfig
+from sagc_jax.models.build import ModelSource, ModelSourceError, describe_model
 from sagc_jax.models.decode import kv_layer_slots
 from sagc_jax.models.gguf import is_gguf
-from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
-from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
 from sagc_jax.shapes import ShapePlan
 
-__all__ = ["DryRunError", "dry_run", "format_report", "main", "model_config_for"]
+__all__ = ["DryRunError", "dry_run", "format_report", "main"]
 
 MISSING = "not checked (path missing)"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -55,7 +62,7 @@ class DryRunError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------
-# Model (abstract)
+# Inputs
 # --------------------------------------------------------------------------------------------
 
 
@@ -78,113 +85,8 @@ def _tokenizer_check(path: str | None, model_path: str | None = None) -> tuple[s
     return f"ok ({len(tok)} tokens)", len(tok)
 
 
-def model_config_for(cfg: Config, vocab_size: int | None = None) -> tuple[ModelConfig, str]:
-    """The architecture the trainer would build (`models.build.model_config`), and where it
-    came from. ``model.path`` with a ``config.json``: that file only (no weights). Otherwise
-    ``model.preset`` (a shipped architecture, ``sagc_jax/models/presets``), so a config whose
-    ``model.path`` is a placeholder still dry-runs. A ``.gguf`` ``model.path``: its metadata.
-    Fresh model: the ``model.*`` fields with
-    ``vocab_size`` (the tokenizer's length, which the caller supplies).
-    """
-    m = cfg.model
-    if is_gguf(m.path) and os.path.isfile(m.path):
-        try:  # the file's metadata only: no tensor is read
-            return model_config(cfg, vocab_size), f"gguf {m.path}"
-        except (OSError, ValueError) as e:
-            raise DryRunError(f"model.path: {e}") from None
-    cfg_file = os.path.join(m.path, "config.json") if m.path is not None else None
-    if cfg_file is not None and os.path.isfile(cfg_file):
-        try:
-            return model_config(cfg, vocab_size), f"hf config {cfg_file}"
-        except (OSError, ValueError) as e:
-            raise DryRunError(f"model.path: {cfg_file}: {e}") from None
-    if m.preset is not None:
-        from sagc_jax.models.presets import load_preset
-
-        # `model.lora` too: without it the fallback sized full fine-tuning (AdamW state for
-        # every weight), not the run the config describes.
-        mcfg = with_lora(dataclasses.replace(
-            load_preset(m.preset, dtype=m.dtype), remat=m.remat, param_dtype=m.param_dtype,
-            matmul_dtype=m.matmul_dtype), m.lora)
-        why = f" (no config.json in {m.path!r})" if m.path is not None else ""
-        return mcfg, f"preset {m.preset}{why}"
-    if m.path is not None:
-        raise DryRunError(f"model.path: no config.json in {m.path!r} (a dry run reads only "
-                          "config.json; set model.path=DIR or model.preset=NAME)")
-    if vocab_size is None:
-        raise DryRunError("model.tokenizer: needed for the vocabulary size of a fresh model, "
-                          f"but {m.tokenizer!r} does not exist here")
-    return model_config(cfg, vocab_size), "fresh (model.* fields)"
-
-
-def _abstract_params(mcfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
-    """Flat {dotted path: ShapeDtypeStruct} of the model's params; nothing is allocated."""
-    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
-    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    flat: dict[str, jax.ShapeDtypeStruct] = {}
-
-    def walk(tree: Any, prefix: str) -> None:
-        for k, v in tree.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[f"{prefix}{k}"] = v
-
-    walk(pure, "")
-    return flat
-
-
-# --------------------------------------------------------------------------------------------
-# Shapes and bytes
-# --------------------------------------------------------------------------------------------
-
-
 def _ways(mesh: AbstractMesh, axes: Sequence[str]) -> int:
     return math.prod(mesh.shape[a] for a in axes)
-
-
-def _param_bytes_per_device(params: dict[str, jax.ShapeDtypeStruct], mesh: AbstractMesh,
-                            bytes_per_elem: int) -> tuple[int, list[str]]:
-    """Per-device bytes of one copy of the params at ``bytes_per_elem``, and the params a rule
-    meant to shard that stay replicated because their dim does not divide the mesh axis."""
-    total, replicated = 0, []
-    for path, x in params.items():
-        spec = spec_for(path, tuple(x.shape), mesh)
-        shards = math.prod(mesh.shape[a] for a in spec if a is not None)
-        total += math.ceil(math.prod(x.shape) / shards) * bytes_per_elem
-        wanted = [LOGICAL_TO_MESH.get(ax) if ax else None for ax in LLAMA_PARAM_AXES[path]]
-        if any(w is not None and mesh.shape[w] > 1 and s is None for w, s in zip(wanted, spec)):
-            replicated.append(path)
-    return total, replicated
-
-
-def _lora_elems(params: dict[str, jax.ShapeDtypeStruct],
-                mesh: AbstractMesh) -> tuple[int, int]:
-    """(per-device, unsharded) elements of the LoRA adapters among `params` (0, 0 if none)."""
-    lora = {k: v for k, v in params.items() if k.endswith((A_SUFFIX, B_SUFFIX))}
-    if not lora:
-        return 0, 0
-    return (_param_bytes_per_device(lora, mesh, 1)[0],
-            sum(math.prod(x.shape) for x in lora.values()))
-
-
-def lora_comparison(cfg: Config, mcfg: ModelConfig, mesh: AbstractMesh,
-                    inputs: MemoryInputs) -> dict[str, Any]:
-    """Estimated per-device params / gradients / AdamW state / reference / peak for full
-    fine-tuning and for LoRA (the run's `model.lora`, else the section's defaults) on the same
-    model and shapes."""
-    base = dataclasses.replace(mcfg, lora_rank=0, lora_alpha=0.0, lora_targets=())
-    sec = cfg.model.lora or LoRASection()
-    out: dict[str, Any] = {"setting": f"rank {sec.rank}, {len(sec.targets)} targets"}
-    for name, mc in (("full", base), ("lora", with_lora(base, sec))):
-        params = _abstract_params(mc)
-        elems, lora = _param_bytes_per_device(params, mesh, 1)[0], _lora_elems(params, mesh)
-        e = estimate(dataclasses.replace(
-            inputs, mcfg=mc, param_elems=elems,
-            param_elems_unsharded=sum(math.prod(x.shape) for x in params.values()),
-            lora_elems=lora[0], lora_elems_unsharded=lora[1]))
-        out[name] = {k: e[k] for k in ("params", "gradients", "optimizer", "reference", "peak")}
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,6 +131,22 @@ def _check_paths(cfg: Config) -> dict[str, str]:
     return out
 
 
+def _model_and_inputs(cfg: Config) -> tuple[ModelSource, dict[str, str], list[str]]:
+    """(the architecture the config describes and its source, the input checks, their errors):
+    the model from what exists here (`describe_model`), the tokenizer and data paths."""
+    tok_status, tok_len = _tokenizer_check(cfg.model.tokenizer, cfg.model.path)
+    checks = {"model.tokenizer": tok_status, **_check_paths(cfg)}
+    try:
+        described = describe_model(cfg, tok_len)
+    except ModelSourceError as e:
+        raise DryRunError(str(e)) from None
+    errors = [f"{k}: {v[len('error: '):]}" for k, v in checks.items() if v.startswith("error")]
+    if tok_len is not None and tok_len > described.config.vocab_size:
+        errors.insert(0, f"model.tokenizer: {tok_len} tokens but the model's vocab_size is "
+                      f"{described.config.vocab_size}")
+    return described, checks, errors
+
+
 def dry_run(cfg: Config, *, num_devices: int | None = None,
             num_processes: int | None = None, device_memory_bytes: int | None = None,
             compile: bool | None = False) -> dict[str, Any]:
@@ -248,7 +166,9 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
 
     Returns:
       ``{"ok", "errors", "warnings", "mesh", "model", "checks", "sampler_shapes",
-      "train_shapes", "memory", ...}``; byte counts are per device.
+      "train_layout", "train_shapes", "memory", ...}``; byte counts are per device;
+      ``train_layout`` is the trainer's ``ShapePlan.train_layout`` (S, N, pack_len, chunk
+      sizes), ``train_shapes`` one entry per chunk size.
 
     Raises:
       DryRunError: the mesh does not fit the device count, or the model config is unreadable.
@@ -270,19 +190,14 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     batch_ways = _ways(mesh, BATCH_AXES)
 
     # ---- model, tokenizer, data paths ------------------------------------------------------
-    tok_status, tok_len = _tokenizer_check(cfg.model.tokenizer, cfg.model.path)
-    checks = {"model.tokenizer": tok_status, **_check_paths(cfg)}
-    mcfg, source = model_config_for(cfg, tok_len)
-    if tok_len is not None and tok_len > mcfg.vocab_size:
-        errors.append(f"model.tokenizer: {tok_len} tokens but the model's vocab_size is "
-                      f"{mcfg.vocab_size}")
-    errors += [f"{k}: {v[len('error: '):]}" for k, v in checks.items() if v.startswith("error")]
-    params = _abstract_params(mcfg)
+    (mcfg, source), checks, input_errors = _model_and_inputs(cfg)
+    errors += input_errors
+    params = abstract_params(mcfg)
     n_params = sum(math.prod(x.shape) for x in params.values())
     dt_bytes = jnp.dtype(mcfg.dtype).itemsize
 
     # ---- static memory ---------------------------------------------------------------------
-    p_elems, replicated = _param_bytes_per_device(params, mesh, 1)
+    p_elems, replicated = param_bytes_per_device(params, mesh, 1)
     if replicated:
         warnings.append(f"params replicated instead of sharded (dim does not divide the mesh "
                         f"axis): "
@@ -296,7 +211,8 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     warnings += plan_warn
     kv_tok = mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2 * dt_bytes
     sampler_shapes = _sampler_shapes(plan, mcfg, kv_tok // mcfg.num_layers)
-    train_shapes = _train_shapes(plan, mcfg, tensor, dt_bytes)
+    layout = plan.train_layout
+    train_shapes = _train_shapes(plan, mcfg, tensor)
     longest = max(x["cache_bucket"] for x in sampler_shapes)
     if longest > mcfg.max_position_embeddings:
         warnings.append(f"cache bucket {longest} exceeds max_position_embeddings "
@@ -305,15 +221,13 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
     if device_memory_bytes is None and local:
         device_memory_bytes = _local_device_memory()
     big_s = max(sampler_shapes, key=lambda x: x["kv_cache_bytes"])
-    big_t = max(train_shapes, key=lambda x: (x["rows"], x["seq_len"]))
     inputs = MemoryInputs(
         mcfg=mcfg, param_elems=p_elems, param_elems_unsharded=n_params,
         kv_elems=big_s["kv_cache_bytes"] // dt_bytes, decode_rows=big_s["rows_per_device"],
-        train_rows=big_t["rows"], micro_batch_rows=big_t["micro_batch_rows"],
-        batch_shards=batch_ways if big_t["rows"] % batch_ways == 0 else 1,
-        seq=max(x["seq_len"] for x in train_shapes),
+        chunk_rows=max(layout.chunk_sizes), batch_shards=batch_ways, pack_len=layout.pack_len,
+        completion_len=layout.completion_len, seqs=layout.seqs,
         vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta,
-        **dict(zip(("lora_elems", "lora_elems_unsharded"), _lora_elems(params, mesh),
+        **dict(zip(("lora_elems", "lora_elems_unsharded"), lora_elems(params, mesh),
                    strict=True)))
     memory = estimate(inputs)
     options = option_effects(inputs, sorted({x["rows"] for x in sampler_shapes}),
@@ -326,8 +240,8 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                         "smaller than ~2^-8 of a weight round away in bf16 storage")
     compiled, compiled_note = _compiled(cfg, mcfg, plan, shape, n_dev, local, compile)
     a = cfg.algo
-    n_prog = len(sampler_shapes) * 2 + len(train_shapes) * (
-        1 + (a.beta > 0 or a.num_iterations > 1))
+    n_prog = len(sampler_shapes) * 2 + len(layout.programs(
+        logprobs=a.beta > 0 or a.num_iterations > 1, entropy=a.top_entropy_quantile < 1))
     return {
         "ok": not errors, "errors": errors, "warnings": warnings,
         "devices": n_dev, "processes": num_processes,
@@ -340,9 +254,10 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
                   "dtype": mcfg.dtype, "param_dtype": mcfg.param_dtype, "remat": mcfg.remat,
                   "num_params": n_params, "lora_rank": mcfg.lora_rank,
                   "kv_bytes_per_token": kv_tok},
-        "checks": checks, "sampler_shapes": sampler_shapes, "train_shapes": train_shapes,
+        "checks": checks, "sampler_shapes": sampler_shapes,
+        "train_layout": dataclasses.asdict(layout), "train_shapes": train_shapes,
         "compiled_programs": n_prog, "memory": memory, "memory_options": options,
-        "lora": lora_comparison(cfg, mcfg, mesh, inputs),
+        "lora": lora_comparison(cfg.model.lora, mcfg, mesh, inputs),
         "compiled_memory": compiled, "compiled_note": compiled_note,
         "device_memory_bytes": device_memory_bytes,
     }
@@ -398,10 +313,6 @@ def _plan(cfg: Config, batch_ways: int, num_processes: int) -> tuple[ShapePlan, 
                                  group_sizes=ok), errors
 
 
-def _row_shards(plan: ShapePlan, rows: int) -> int:
-    return plan.batch_ways if plan.rows_split(rows) else 1
-
-
 def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig,
                     kv_slot: int) -> list[dict[str, Any]]:
     """Every (G, prompt bucket) sampler program with its per-device KV cache and logits bytes
@@ -413,7 +324,7 @@ def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig,
         raise DryRunError(f"sampling.cache_buckets: {e}") from None
     out = []
     for s in shapes:
-        per_dev = math.ceil(s.rows / _row_shards(plan, s.rows))
+        per_dev = per_device(s.rows, plan.batch_ways)
         out.append({"group_size": s.group_size, "prompts": s.prompts, "rows": s.rows,
                     "prompt_bucket": s.prompt_bucket, "cache_bucket": s.cache_bucket,
                     "rows_per_device": per_dev,
@@ -423,23 +334,19 @@ def _sampler_shapes(plan: ShapePlan, mcfg: ModelConfig,
     return out
 
 
-def _train_shapes(plan: ShapePlan, mcfg: ModelConfig, tensor: int,
-                  dt_bytes: int) -> list[dict[str, Any]]:
-    """Every train-step program with its per-device logits and activation bytes."""
-    out = []
+def _train_shapes(plan: ShapePlan, mcfg: ModelConfig, tensor: int) -> list[dict[str, Any]]:
+    """The train layout's chunk programs (`ShapePlan.train_layout`: one grad, and log-prob /
+    entropy, program per chunk size, whatever G or the lengths), each with its per-device
+    logits (the LM head runs on at most N scored slots a row) and activation bytes."""
+    t = plan.train_layout
     vocab_ways = tensor if mcfg.vocab_size % tensor == 0 else 1
-    for s in plan.train_shapes():
-        rows = s.rows
-        mb = plan.micro_batch_rows if plan.micro_batch_rows is not None and \
-            plan.micro_batch_rows < rows else rows
-        mb_dev = math.ceil(mb / _row_shards(plan, rows))
-        seq = s.prompt_bucket + s.completion_bucket
-        out.append({
-            "group_size": s.group_size, "prompts": s.prompts, "rows": rows,
-            "micro_batch_rows": mb, "micro_batches": rows // mb if rows % mb == 0 else None,
-            "prompt_bucket": s.prompt_bucket, "completion_bucket": s.completion_bucket,
-            "seq_len": seq, "logits_bytes": mb_dev * seq * mcfg.vocab_size * 4 // vocab_ways,
-            "activation_bytes": activation_bytes(mcfg, mb_dev, seq)})
+    out = []
+    for c in t.chunk_sizes:
+        rows = per_device(c, plan.batch_ways)
+        out.append({"chunk_rows": c, "rows_per_device": rows, "pack_len": t.pack_len,
+                    "head_slots": t.completion_len,
+                    "logits_bytes": rows * t.completion_len * mcfg.vocab_size * 4 // vocab_ways,
+                    "activation_bytes": activation_bytes(mcfg, rows, t.pack_len)})
     return out
 
 
@@ -466,40 +373,41 @@ def _local_device_memory() -> int | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _on_fake_pod(cfg: Config, devices: int | None, argv: list[str], note: str, *,
-                 pass_devices: bool = False) -> int | None:
-    """The one fake-pod dispatch: re-runs ``python -m sagc_jax.dryrun argv`` (plus
-    ``--devices N`` with `pass_devices`) on the N devices :func:`fake_pod_size` asks for and
-    returns its exit code (``note`` on stderr, ``{n}`` = N); None when the dry run belongs in
-    this process."""
+def _on_fake_pod(cfg: Config, devices: int | None, argv: list[str], prog: str) -> int | None:
+    """The one fake-pod dispatch: re-runs ``python -m sagc_jax.dryrun argv --devices N`` on the
+    N devices :func:`fake_pod_size` asks for and returns its exit code (a line on stderr says
+    so); None when the dry run belongs in this process."""
     from sagc_jax.fakepod import run_with_devices
 
     fake = fake_pod_size(cfg, devices)
     if fake is None:
         return None
-    print(note.format(n=fake), file=sys.stderr)
-    extra = ["--devices", str(fake)] if pass_devices else []
-    return run_with_devices(fake, "sagc_jax.dryrun", [*argv, *extra])
+    print(f"{prog}: re-running on {fake} fake CPU devices", file=sys.stderr)
+    return run_with_devices(fake, "sagc_jax.dryrun", [*argv, "--devices", str(fake)])
 
 
-def run_dry_run(cfg: Config, child_argv: list[str], *, devices: int | None,
-                compile: bool | None, prog: str) -> int:
-    """``sagc-jax train --dry-run``: the report, or the dry-run command re-run on a fake pod.
-
-    ``child_argv`` are the arguments :func:`main` gets in that subprocess (``--devices N`` is
-    appended); the report is printed on process 0 only. Exit code 0 ok, 1 errors, 2 bad input.
-    """
-    rc = _on_fake_pod(cfg, devices, child_argv, prog + ": dry run on {n} fake CPU devices",
-                      pass_devices=True)
-    if rc is not None:
-        return rc
+def run_dry_run(cfg: Config, child_argv: list[str], *, prog: str, devices: int | None = None,
+                num_devices: int | None = None, num_processes: int | None = None,
+                device_memory_bytes: int | None = None, compile: bool | None = None,
+                as_json: bool = False) -> int:
+    """The dry-run command, for ``sagc-jax train --dry-run`` and ``python -m sagc_jax.dryrun``
+    alike: the report (text, or JSON with `as_json`) on process 0, or, when a fake pod is asked
+    for (`devices`, or a fixed mesh this process does not have), the command re-run there with
+    ``child_argv`` (:func:`main`'s arguments; ``--devices N`` is appended). `num_devices` sizes
+    for N devices without having them (an estimate here). Exit code 0 ok, 1 errors in the
+    report, 2 bad config or input (one line on stderr)."""
+    if num_devices is None:
+        rc = _on_fake_pod(cfg, devices, child_argv, prog)
+        if rc is not None:
+            return rc
     try:
-        report = dry_run(cfg, compile=compile)
-    except DryRunError as e:
-        print(f"{prog}: dry run: {e}", file=sys.stderr)
+        report = dry_run(cfg, num_devices=num_devices, num_processes=num_processes,
+                         device_memory_bytes=device_memory_bytes, compile=compile)
+    except (DryRunError, ValueError) as e:
+        print(f"{prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if jax.process_index() == 0:
-        print(format_report(report))
+        print(json.dumps(report, indent=1) if as_json else format_report(report))
     return 0 if report["ok"] else 1
 
 
@@ -529,26 +437,19 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``python -m sagc_jax.dryrun --config FILE [--devices N] [key=value ...]``: exit code 0
     ok, 1 errors in the report, 2 bad config or input."""
-    import json
-
     from sagc_jax.config import load_config
 
     args = _parser().parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        if args.num_devices is None:  # --num-devices: an estimate here, no devices needed
-            own = list(sys.argv[1:] if argv is None else argv)
-            rc = _on_fake_pod(cfg, args.devices, own, "dry run: re-running on {n} fake CPU devices")
-            if rc is not None:
-                return rc
-        mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
-        report = dry_run(cfg, num_devices=args.num_devices, num_processes=args.num_processes,
-                         device_memory_bytes=mem, compile=args.compile)
-    except (ConfigError, DryRunError, ValueError) as e:
+    except (ValueError, FileNotFoundError) as e:  # ConfigError included
         print(f"dry run: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=1) if args.json else format_report(report))
-    return 0 if report["ok"] else 1
+    mem = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
+    return run_dry_run(cfg, list(sys.argv[1:] if argv is None else argv), prog="dry run",
+                       devices=args.devices, num_devices=args.num_devices,
+                       num_processes=args.num_processes, device_memory_bytes=mem,
+                       compile=args.compile, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ def _gib(n: float) -> str:
 
 def format_report(r: dict[str, Any]) -> str:
     """Human-readable text of a :func:`dry_run` result."""
-    m, mesh = r["model"], r["mesh"]
+    m, mesh, t = r["model"], r["mesh"], r["train_layout"]
     lines = [
         f"dry run: {r['devices']} devices, {r['processes']} process(es), mesh data={mesh['data']} "
         f"fsdp={mesh['fsdp']} tensor={mesh['tensor']} (batch rows over {r['batch_shards']})",
@@ -28,9 +28,13 @@ def format_report(r: dict[str, Any]) -> str:
         *[f"  G={x['group_size']:<3d} P={x['prompts']:<4d} rows={x['rows']:<5d} "
           f"Lp={x['prompt_bucket']:<5d} cache={x['cache_bucket']:<6d} "
           f"{_gib(x['kv_cache_bytes'])}" for x in r["sampler_shapes"]],
-        "train-step shapes (G, rows, micro-batch, seq = Lp + completion -> logits, activations):",
-        *[f"  G={x['group_size']:<3d} rows={x['rows']:<5d} mb={x['micro_batch_rows']:<4d} "
-          f"seq={x['prompt_bucket']}+{x['completion_bucket']:<5d} logits {_gib(x['logits_bytes'])}"
+        "train layout (one for every G: S sequences x N completion slots; chunks of rows x "
+        "pack_len slots, N scored a row -> logits, activations per device):",
+        f"  S={t['seqs']} N={t['completion_len']} pack_len={t['pack_len']} "
+        f"chunks={list(t['chunk_sizes'])} "
+        f"{'shared prompts' if t['share_prompts'] else 'one sequence a row'}",
+        *[f"  chunk rows={x['chunk_rows']:<5d} ({x['rows_per_device']}/device) "
+          f"x {x['pack_len']} slots  logits {_gib(x['logits_bytes'])}"
           f"  act~{_gib(x['activation_bytes'])}" for x in r["train_shapes"]],
         f"compiled programs: {r['compiled_programs']}",
         *_memory_lines(r),
@@ -56,7 +60,7 @@ def _memory_lines(r: dict[str, Any]) -> list[str]:
     lines += [
         f"  train step           {_gib(mem['train_peak'])}"
         + (f"  {_gib(c['train_peak'] - c['params'] - c['opt_state'])}" if c else "")
-        + "  (grads, weight copy, logits x2, activations)",
+        + "  (grads x2, weight copy, logits x2, activations, batch)",
         f"  sampling             {_gib(mem['sampler_peak'])}"
         + (f"  {_gib(c['sampler_peak'] - c['params'] - c['opt_state'])}" if c else "")
         + "  (KV cache x2, weight copy, decode logits)",

@@ -1,283 +1,35 @@
 """Offline evaluation of a trained policy (or any HF Llama / Qwen2 model).
 
-`load_policy` turns a path into `(model, tokenizer, config)`:
-
-- a run directory (`config.yaml` + `checkpoints/`): its newest checkpoint step (or, before the
-  first step was saved, `checkpoints/initial`, the params right after the SFT warm start);
-- a run's `checkpoints/` directory: its newest step;
-- one step directory `.../checkpoints/<step>` (or `.../checkpoints/initial`);
-- a Hugging Face model directory (`config.json` + safetensors), e.g. a base model or the output
-  of `sagc-jax export` (which also carries the run config as `sagc_jax_config.yaml`).
-
-Only the `params` item of a checkpoint is read (no optimizer state), restored by Orbax into the
-abstract param tree of the model described by the run's `config.yaml`.
-
+The policy comes from `open_run.load_policy` (a run, one of its checkpoints or an HF directory).
 `evaluate` drives the prompts through one `Sampler` whose declared group sizes are {1, k}:
 G=1 greedy for accuracy and G=k sampled for pass@k (unbiased estimator of Chen et al. 2021).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
-from jax.sharding import Mesh, SingleDeviceSharding
+from jax.sharding import Mesh
 
-from sagc_jax.config import Config, load_saved_config
-from sagc_jax.data.tokenizer import (
-    decode_completion,
-    encode_prompt,
-    load_run_tokenizer,
-    load_tokenizer,
-    stop_ids,
-)
-from sagc_jax.models import Transformer, from_pretrained
-from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
-from sagc_jax.models.sharding import state_shardings
+from sagc_jax.config import Config
+from sagc_jax.data.tokenizer import decode_completion, encode_prompt, stop_ids
+from sagc_jax.models import Transformer
 from sagc_jax.rl.rewards import RewardFn, score_groups
 from sagc_jax.sampling import Sampler, SamplingConfig
 
 __all__ = [
-    "CONFIG_IN_HF_DIR",
-    "CheckpointPathError",
-    "PolicySource",
     "evaluate",
     "format_table",
     "greedy_accuracy",
     "load_eval_examples",
-    "load_policy",
     "pass_at_k",
-    "resolve_checkpoint",
 ]
-
-#: The run config an exported HF directory carries (eval defaults: data, rewards, sampling).
-CONFIG_IN_HF_DIR = "sagc_jax_config.yaml"
-_RUN_CONFIG = "config.yaml"
-_CKPT_DIR = "checkpoints"
-_INITIAL = "initial"
-_HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-class CheckpointPathError(ValueError):
-    """A path is not a run, checkpoint or HF model directory (the message names the path)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicySource:
-    """What a checkpoint path resolved to.
-
-    kind: "orbax" (a CheckpointManager step), "initial" (`checkpoints/initial`) or "hf".
-    path: the HF directory, the step directory or the `initial` directory.
-    run_dir: the run directory holding `config.yaml` (None for an HF directory).
-    step: the step number for "orbax", else None.
-    """
-
-    kind: str
-    path: Path
-    run_dir: Path | None = None
-    step: int | None = None
-
-
-# ----------------------------------------------------------------------------- resolution
-
-
-def _is_hf_dir(p: Path) -> bool:
-    return (p / "config.json").is_file() and any((p / w).is_file() for w in _HF_WEIGHTS)
-
-
-def _steps(ckpt_dir: Path) -> list[int]:
-    """Finished CheckpointManager steps (Orbax writes `<step>.orbax-checkpoint-tmp-*` first and
-    renames on commit, so a plain integer name is a committed step)."""
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(int(d.name) for d in ckpt_dir.iterdir() if d.is_dir() and d.name.isdigit())
-
-
-def _from_checkpoints_dir(ckpt_dir: Path, run_dir: Path) -> PolicySource:
-    steps = _steps(ckpt_dir)
-    if steps:
-        return PolicySource("orbax", ckpt_dir / str(steps[-1]), run_dir, steps[-1])
-    if (ckpt_dir / _INITIAL).is_dir():
-        return PolicySource("initial", ckpt_dir / _INITIAL, run_dir)
-    raise CheckpointPathError(f"{ckpt_dir} holds no checkpoint steps (and no '{_INITIAL}')")
-
-
-def _need_config(run_dir: Path, what: Path) -> Path:
-    if not (run_dir / _RUN_CONFIG).is_file():
-        raise CheckpointPathError(f"{what} looks like a checkpoint but {run_dir / _RUN_CONFIG} "
-                                  "(the run config that describes the model) is missing")
-    return run_dir
-
-
-def resolve_checkpoint(checkpoint: str | os.PathLike[str]) -> PolicySource:
-    """Classifies `checkpoint` (see the module docstring); `CheckpointPathError` if it is none
-    of the accepted kinds or does not exist."""
-    p = Path(checkpoint).expanduser().absolute()
-    if not p.exists():
-        raise CheckpointPathError(f"checkpoint path {p} does not exist")
-    if not p.is_dir():
-        raise CheckpointPathError(f"checkpoint path {p} is not a directory")
-    if _is_hf_dir(p):
-        return PolicySource("hf", p)
-    if (p / _RUN_CONFIG).is_file() and (p / _CKPT_DIR).is_dir():  # (a) a run directory
-        return _from_checkpoints_dir(p / _CKPT_DIR, p)
-    if p.name.isdigit() and (p / "params").is_dir():  # (c) one step directory
-        return PolicySource("orbax", p, _need_config(p.parent.parent, p), int(p.name))
-    if p.name == _INITIAL and (p.parent / "model.json").is_file():
-        return PolicySource("initial", p, _need_config(p.parent.parent, p))
-    if _steps(p) or (p / "model.json").is_file():  # (b) a run's checkpoints/ directory
-        return _from_checkpoints_dir(p, _need_config(p.parent, p))
-    raise CheckpointPathError(
-        f"{p} is not a run directory (config.yaml + checkpoints/), a checkpoints/ or step "
-        "directory, nor a Hugging Face model directory (config.json + model.safetensors)")
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-def _abstract_run_model(cfg: Config, tokenizer: Any) -> Transformer:
-    """The model `build_model` builds for `cfg`, as shapes only (nothing allocated)."""
-    from sagc_jax.models.build import model_config  # the trainer's recipe: they can't drift
-
-    try:
-        mcfg = model_config(cfg, len(tokenizer), tokenizer)
-    except OSError as e:
-        raise CheckpointPathError(
-            f"the run was initialised from {cfg.model.path}, whose config.json (needed to know "
-            f"the architecture) cannot be read: {e.strerror}") from None
-    return nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(cfg.run.seed)))
-
-
-def _restore_params(src: PolicySource, abstract_model: Transformer,
-                    mesh: Mesh | None) -> Transformer:
-    """Restores only the params item of the checkpoint into `abstract_model`'s tree, verified
-    against the fingerprints saved with it. A LoRA run's step holds only the adapters: the base
-    comes from the run's `checkpoints/initial`."""
-    from sagc_jax import checkpoint as ckpt
-
-    graphdef, state = nnx.split(abstract_model)
-    pure = nnx.to_pure_dict(state)
-    if mesh is not None:
-        shardings = state_shardings(pure, mesh)
-    else:
-        one = SingleDeviceSharding(jax.local_devices()[0])
-        shardings = jax.tree.map(lambda _: one, pure)
-    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          pure, shardings)
-    adapters = {k: v for k, v in target["layers"].items() if k.endswith((A_SUFFIX, B_SUFFIX))}
-    if src.kind == "initial":
-        params = ckpt.restore_pure_params(src.path, target)
-    elif adapters:  # a LoRA run's steps hold the adapters; the frozen base is `initial`
-        params = ckpt.restore_pure_params(src.path.parent / _INITIAL, target)
-        got = ckpt.restore_pure_params(src.path.parent, {"layers": adapters}, step=src.step)
-        params["layers"].update(got["layers"])
-    else:
-        params = ckpt.restore_pure_params(src.path.parent, target, step=src.step)
-    nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(graphdef, state)
-
-
-def _fallbacks(src: PolicySource, named: Path) -> list[PolicySource]:
-    """What to try, in order: `src`, then, when `named` is a run or checkpoints dir (not one
-    step), the older steps and `initial` (as training falls back past a damaged step)."""
-    if src.kind != "orbax" or named == src.path:
-        return [src]
-    ckpt_dir = src.path.parent
-    older = [PolicySource("orbax", ckpt_dir / str(s), src.run_dir, s)
-             for s in reversed(_steps(ckpt_dir)) if s < (src.step or 0)]
-    initial = ([PolicySource("initial", ckpt_dir / _INITIAL, src.run_dir)]
-               if (ckpt_dir / _INITIAL).is_dir() else [])
-    return [src, *older, *initial]
-
-
-def _restore_with_fallback(src: PolicySource, named: Path, abstract_model: Transformer,
-                           mesh: Mesh | None) -> Transformer:
-    """`_restore_params` of the newest restorable candidate (`_fallbacks`). Read-only: damaged
-    steps are reported, not moved (training moves them aside, under the run lock)."""
-    from sagc_jax import checkpoint as ckpt
-
-    candidates = _fallbacks(src, named)
-    first = ""
-    for cand in candidates:
-        try:
-            return _restore_params(cand, abstract_model, mesh)
-        except ckpt.CheckpointMismatchError:
-            raise
-        except Exception as e:
-            first = first or f"{cand.path}: {ckpt.error_line(e)}"
-            if cand is not candidates[-1]:
-                ckpt.warn(f"checkpoint {cand.path} is unreadable or corrupt "
-                          f"({ckpt.error_line(e)}); falling back to the previous one")
-    if len(candidates) == 1:
-        raise ckpt.CheckpointCorruptError(f"checkpoint {first}") from None
-    raise ckpt.CheckpointCorruptError(f"no checkpoint in {src.path.parent} could be restored "
-                                      f"(newest: {first})") from None
-
-
-def _hf_tokenizer(path: Path, cfg: Config | None) -> Any:
-    """The HF directory's own tokenizer if it has one, else the run's / the packaged one."""
-    if any((path / f).is_file() for f in _TOKENIZER_FILES):
-        return load_tokenizer(path)
-    return load_tokenizer(cfg.model.tokenizer if cfg is not None else None)
-
-
-def load_policy(
-    checkpoint: str | os.PathLike[str],
-    *,
-    tokenizer: Any = None,
-    mesh: Mesh | None = None,
-) -> tuple[Transformer, Any, Config | None]:
-    """Loads a policy for evaluation or export.
-
-    Args:
-      checkpoint: a run directory, its `checkpoints/` directory, a step directory or an HF model
-        directory (see the module docstring).
-      tokenizer: overrides the tokenizer (default: the run's `model.tokenizer`, or the HF
-        directory's own, or the packaged char-level one).
-      mesh: place params with `state_shardings` on this mesh; default: the first local device.
-
-    Returns:
-      `(model, tokenizer, cfg)`; `cfg` is the run's resolved Config, or None for an HF directory
-      that carries none.
-
-    Raises:
-      CheckpointPathError: the path is missing or not one of the accepted kinds (names it).
-      CheckpointMismatchError: the checkpoint was written for a different model than the
-        run's config.yaml describes.
-    """
-    src = resolve_checkpoint(checkpoint)
-    if src.kind == "hf":
-        cfg_path = src.path / CONFIG_IN_HF_DIR
-        cfg = load_saved_config(cfg_path) if cfg_path.is_file() else None
-        model, mcfg = from_pretrained(src.path, mesh=mesh)
-        tok = tokenizer if tokenizer is not None else _hf_tokenizer(src.path, cfg)
-    else:
-        from sagc_jax.checkpoint import RunCheckpointer
-
-        assert src.run_dir is not None
-        cfg = load_saved_config(src.run_dir / _RUN_CONFIG)
-        tok = (tokenizer if tokenizer is not None
-               else load_run_tokenizer(cfg.model.tokenizer, cfg.model.path))
-        abstract = _abstract_run_model(cfg, tok)
-        mcfg = abstract.cfg
-        # model.json (written beside the steps) names any mismatch with config.yaml clearly,
-        # before Orbax fails on a shape.
-        RunCheckpointer(src.path.parent, every=0, keep=1).check_model(mcfg)
-        model = _restore_with_fallback(src, Path(checkpoint).expanduser().absolute(), abstract,
-                                       mesh)
-    if mcfg.vocab_size < len(tok):
-        raise ValueError(f"model vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
-                         f"{len(tok)} tokens (wrong tokenizer for {src.path}?)")
-    return model, tok, cfg
 
 
 def load_eval_examples(

@@ -1,7 +1,7 @@
 """Export a trained policy as a Hugging Face model directory.
 
 `export(checkpoint, out)` loads the params of a run / step / HF directory with
-`evaluate.load_policy` and writes `config.json` + `model.safetensors` (float32, torch names) and
+`open_run.load_policy` and writes `config.json` + `model.safetensors` (float32, torch names) and
 the tokenizer files, which `transformers.AutoModelForCausalLM.from_pretrained` loads and
 generates from. The run's resolved config is copied as `sagc_jax_config.yaml`, so
 `sagc-jax eval` on the exported directory keeps the run's default eval data and rewards
@@ -25,9 +25,9 @@ import jax
 
 from sagc_jax.config import save_config
 from sagc_jax.data.tokenizer import check_saved_tokenizer, set_prompt_rule
-from sagc_jax.evaluate import CONFIG_IN_HF_DIR, load_policy
 from sagc_jax.models import save_pretrained
 from sagc_jax.models.peft import save_peft_adapter
+from sagc_jax.open_run import CONFIG_IN_HF_DIR, load_policy
 
 __all__ = ["export"]
 

@@ -9,16 +9,20 @@ prints both. The terms below follow what the compiled programs hold (measured on
   and sharding (``opt_state_shardings``), a frozen reference copy when ``algo.beta > 0``; with
   LoRA (``lora_elems``) AdamW state and gradients cover the float32 adapters only and the
   reference is the base itself (no copy);
-- train step: gradients at ``param_dtype`` (x2 with micro-batches: the accumulator and the
-  current micro-batch's), the compute-dtype weight copy each forward makes (the backward of
-  ``model.matmul_dtype`` matmuls re-rounds the compute-dtype operands it keeps anyway: no copy
-  of its own), f32 logits of a micro-batch x2 (value and gradient) and activations (residual
-  stream per layer + one layer's intermediates with ``model.remat``; every layer's
-  intermediates incl. the seq^2 attention scores without);
+- train step: the grad program of the largest chunk of the one train layout
+  (``shapes.TrainLayout``: ``chunk_rows`` rows of ``pack_len`` slots, the LM head on at most
+  ``completion_len`` scored slots a row): gradients at ``param_dtype`` x2 (the accumulator it
+  is passed and this chunk's), the compute-dtype weight copy each forward makes (the backward
+  of ``model.matmul_dtype`` matmuls re-rounds the compute-dtype operands it keeps anyway: no
+  copy of its own), f32 logits of the scored slots x2 (value and gradient), activations of
+  ``chunk_rows x pack_len`` tokens (residual stream per layer + one layer's intermediates with
+  ``model.remat``; every layer's intermediates incl. the pack_len^2 attention scores without)
+  and the batch itself (the chunk's arrays and the per-sequence ``[S, N]`` ones);
 - sampling: the KV cache x2 (decode carries a copy through its loop), the weight copy decode
   reads (``model.matmul_dtype``, else the compute dtype; none when it is the storage dtype)
   and the f32 decode logits x2 (logits and log-softmax).
-Peak = static + max(train, sampling): the two phases do not overlap.
+Peak = static + max(train, sampling): the two phases do not overlap. The params per device
+come from the sharding rules (`param_bytes_per_device`, of `abstract_params`: no weights).
 """
 
 from __future__ import annotations
@@ -28,11 +32,20 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import AbstractMesh
 
-from sagc_jax.models import ModelConfig
+from sagc_jax.config.schema import LoRASection
+from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.build import with_lora
+from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX
+from sagc_jax.models.sharding import LLAMA_PARAM_AXES, LOGICAL_TO_MESH, spec_for
 
-__all__ = ["MemoryInputs", "activation_bytes", "estimate", "largest_micro_batch", "option_effects"]
+__all__ = ["MemoryInputs", "abstract_params", "activation_bytes", "chunk_row_bytes", "estimate",
+           "largest_micro_batch", "lora_comparison", "lora_elems", "option_effects",
+           "param_bytes_per_device", "per_device", "seq_row_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +55,11 @@ class MemoryInputs:
     ``param_elems``: elements of one copy of the params on a device (sharded);
     ``param_elems_unsharded``: the same, fully replicated (for the replicated-optimizer variant);
     ``kv_elems``: KV-cache elements per device of the largest sampler shape;
-    ``decode_rows``: rows per device of that shape; ``train_rows``: rows of the batch whose
-    micro-batch is sized (largest rows count); ``batch_shards``: data x fsdp;
-    ``seq``: longest train sequence; ``vocab_ways``: shards of the vocabulary (tensor).
+    ``decode_rows``: rows per device of that shape; ``chunk_rows``: global rows of the train
+    layout's largest chunk (``algo.pack_chunk_rows``, default from ``algo.micro_batch_rows``);
+    ``batch_shards``: data x fsdp; ``pack_len``: slots per row; ``completion_len``: N, scored
+    slots a row and the per-sequence width; ``seqs``: S, sequences of the largest batch;
+    ``vocab_ways``: shards of the vocabulary (tensor).
     """
 
     mcfg: ModelConfig
@@ -52,10 +67,11 @@ class MemoryInputs:
     param_elems_unsharded: int
     kv_elems: int
     decode_rows: int
-    train_rows: int
-    micro_batch_rows: int
+    chunk_rows: int
     batch_shards: int
-    seq: int
+    pack_len: int
+    completion_len: int
+    seqs: int
     vocab_ways: int
     beta: float
     # LoRA (`model.lora`): per-device elements of the adapters, included in `param_elems` and
@@ -63,6 +79,26 @@ class MemoryInputs:
     # with adapters off (no copy). 0 = full fine-tuning.
     lora_elems: int = 0
     lora_elems_unsharded: int = 0
+
+
+# The train step's batch arguments (`rl.batch`), bytes per row: a chunk row holds 4 int32
+# [pack_len] arrays (tokens, positions, segment / branch ids) and 2 int32 [N] ones (scored slots,
+# their targets); a sequence 3 float32 [N] (old / reference log-probs, entropies), 6 four-byte
+# and 2 bool scalars. tests/test_dryrun.py checks them against CompiledSteps' abstract inputs.
+def chunk_row_bytes(pack_len: int, completion_len: int) -> int:
+    """Bytes of one chunk row of the train layout's packed arrays."""
+    return 4 * (4 * pack_len + 2 * completion_len)
+
+
+def seq_row_bytes(completion_len: int) -> int:
+    """Bytes of one sequence's per-sequence arrays."""
+    return 3 * 4 * completion_len + 6 * 4 + 2
+
+
+def per_device(rows: int, shards: int) -> int:
+    """Rows one device holds: rows over the batch shards when they split, else all of them
+    (the trainer replicates rows that do not split)."""
+    return rows // shards if rows % shards == 0 else rows
 
 
 def activation_bytes(mcfg: ModelConfig, rows: int, seq: int) -> int:
@@ -80,7 +116,7 @@ def activation_bytes(mcfg: ModelConfig, rows: int, seq: int) -> int:
 
 def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]:
     """Per-device bytes: ``params, optimizer, reference, static, gradients, weights_copy,
-    logits, activations, train_peak, kv_cache, decode_logits, sampler_peak, peak``."""
+    logits, activations, batch, train_peak, kv_cache, decode_logits, sampler_peak, peak``."""
     m = x.mcfg
     store = jnp.dtype(m.param_dtype).itemsize
     comp = jnp.dtype(m.dtype).itemsize
@@ -97,24 +133,26 @@ def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]
     mm = jnp.dtype(m.matmul_dtype or m.dtype).itemsize  # `model.matmul_dtype`
     copy = x.param_elems * comp if comp != store else 0
     dec_copy = x.param_elems * mm if mm != store else 0
-    mb = min(x.micro_batch_rows, x.train_rows)
-    mb_dev = math.ceil(mb / x.batch_shards) if mb % x.batch_shards == 0 else mb
-    grads = train_bytes * (2 if mb < x.train_rows else 1)
-    logits = 2 * mb_dev * x.seq * m.vocab_size * 4 // x.vocab_ways
-    act = activation_bytes(m, mb_dev, x.seq)
+    rows = per_device(x.chunk_rows, x.batch_shards)
+    grads = 2 * train_bytes  # the accumulator the grad program is passed, and this chunk's
+    logits = 2 * rows * x.completion_len * m.vocab_size * 4 // x.vocab_ways
+    act = activation_bytes(m, rows, x.pack_len)
+    batch = (rows * chunk_row_bytes(x.pack_len, x.completion_len)
+             + per_device(x.seqs, x.batch_shards) * seq_row_bytes(x.completion_len))
     kv = 2 * x.kv_elems * comp
     dec_logits = 2 * x.decode_rows * m.vocab_size * 4
     out = {"params": params, "optimizer": opt, "reference": ref, "static": params + opt + ref,
            "gradients": grads, "weights_copy": copy, "logits": logits, "activations": act,
-           "train_peak": grads + copy + logits + act, "kv_cache": kv,
+           "batch": batch, "train_peak": grads + copy + logits + act + batch, "kv_cache": kv,
            "decode_logits": dec_logits, "sampler_peak": kv + dec_copy + dec_logits}
     out["peak"] = out["static"] + max(out["train_peak"], out["sampler_peak"])
     return out
 
 
-def _micro_batch_candidates(rows_counts: Sequence[int], batch_shards: int) -> list[int]:
-    """Micro-batch sizes valid for every rows count, largest first: common divisors that split
-    over the batch shards (whole rows per device)."""
+def _chunk_candidates(rows_counts: Sequence[int], batch_shards: int) -> list[int]:
+    """Largest-chunk sizes (`algo.micro_batch_rows`) valid for every rows count, largest
+    first: common divisors (the config check asks that) that split over the batch shards
+    (whole rows per device)."""
     g = math.gcd(*rows_counts)
     divs = [d for d in range(g, 0, -1) if g % d == 0]
     split = [d for d in divs if d % batch_shards == 0]
@@ -123,11 +161,10 @@ def _micro_batch_candidates(rows_counts: Sequence[int], batch_shards: int) -> li
 
 def largest_micro_batch(x: MemoryInputs, rows_counts: Sequence[int], device_bytes: int,
                         *, shard_optimizer: bool = True) -> int | None:
-    """The largest ``algo.micro_batch_rows`` whose estimated peak fits ``device_bytes``, or None
-    when not even the smallest does."""
-    for d in _micro_batch_candidates(rows_counts, x.batch_shards):
-        mb = d if d < max(rows_counts) else x.train_rows
-        if estimate(dataclasses.replace(x, micro_batch_rows=mb),
+    """The largest ``algo.micro_batch_rows`` (the layout's largest chunk) whose estimated
+    peak fits ``device_bytes``, or None when not even the smallest does."""
+    for d in _chunk_candidates(rows_counts, x.batch_shards):
+        if estimate(dataclasses.replace(x, chunk_rows=d),
                     shard_optimizer=shard_optimizer)["peak"] <= device_bytes:
             return d
     return None
@@ -140,7 +177,7 @@ def option_effects(x: MemoryInputs, rows_counts: Sequence[int],
     Returns rows ``{"option", "setting", "peak", "delta"}``: ``model.param_dtype`` and
     ``model.remat`` flipped, the AdamW state replicated instead of sharded (what the trainer
     did before it passed ``opt_state_shardings``), and the largest ``algo.micro_batch_rows``
-    that fits ``device_bytes`` (when given).
+    (the train layout's largest chunk) that fits ``device_bytes`` (when given).
     """
     base = estimate(x)["peak"]
     m = x.mcfg
@@ -158,10 +195,73 @@ def option_effects(x: MemoryInputs, rows_counts: Sequence[int],
     if device_bytes is not None:
         mb = largest_micro_batch(x, rows_counts, device_bytes)
         if mb is not None:
-            peak = estimate(dataclasses.replace(
-                x, micro_batch_rows=mb if mb < max(rows_counts) else x.train_rows))["peak"]
+            peak = estimate(dataclasses.replace(x, chunk_rows=mb))["peak"]
             add("algo.micro_batch_rows", f"{mb} (largest that fits)", peak)
         else:
             rows.append({"option": "algo.micro_batch_rows", "setting": "none fits",
                          "peak": None, "delta": None})
     return rows
+
+
+# ---- the params per device (from the sharding rules; no weights)
+
+
+def abstract_params(mcfg: ModelConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Flat {dotted path: ShapeDtypeStruct} of the model's params; nothing is allocated."""
+    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    flat: dict[str, jax.ShapeDtypeStruct] = {}
+
+    def walk(tree: Any, prefix: str) -> None:
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk(pure, "")
+    return flat
+
+
+def param_bytes_per_device(params: dict[str, jax.ShapeDtypeStruct], mesh: AbstractMesh,
+                            bytes_per_elem: int) -> tuple[int, list[str]]:
+    """Per-device bytes of one copy of the params at ``bytes_per_elem``, and the params a rule
+    meant to shard that stay replicated because their dim does not divide the mesh axis."""
+    total, replicated = 0, []
+    for path, x in params.items():
+        spec = spec_for(path, tuple(x.shape), mesh)
+        shards = math.prod(mesh.shape[a] for a in spec if a is not None)
+        total += math.ceil(math.prod(x.shape) / shards) * bytes_per_elem
+        wanted = [LOGICAL_TO_MESH.get(ax) if ax else None for ax in LLAMA_PARAM_AXES[path]]
+        if any(w is not None and mesh.shape[w] > 1 and s is None for w, s in zip(wanted, spec)):
+            replicated.append(path)
+    return total, replicated
+
+
+def lora_elems(params: dict[str, jax.ShapeDtypeStruct],
+                mesh: AbstractMesh) -> tuple[int, int]:
+    """(per-device, unsharded) elements of the LoRA adapters among `params` (0, 0 if none)."""
+    lora = {k: v for k, v in params.items() if k.endswith((A_SUFFIX, B_SUFFIX))}
+    if not lora:
+        return 0, 0
+    return (param_bytes_per_device(lora, mesh, 1)[0],
+            sum(math.prod(x.shape) for x in lora.values()))
+
+
+def lora_comparison(lora: LoRASection | None, mcfg: ModelConfig, mesh: AbstractMesh,
+                    inputs: MemoryInputs) -> dict[str, Any]:
+    """Estimated per-device params / gradients / AdamW state / reference / peak for full
+    fine-tuning and for LoRA (the run's `model.lora` section `lora`, else the section's
+    defaults) on the same model and shapes."""
+    base = dataclasses.replace(mcfg, lora_rank=0, lora_alpha=0.0, lora_targets=())
+    sec = lora or LoRASection()
+    out: dict[str, Any] = {"setting": f"rank {sec.rank}, {len(sec.targets)} targets"}
+    for name, mc in (("full", base), ("lora", with_lora(base, sec))):
+        params = abstract_params(mc)
+        elems, lora = param_bytes_per_device(params, mesh, 1)[0], lora_elems(params, mesh)
+        e = estimate(dataclasses.replace(
+            inputs, mcfg=mc, param_elems=elems,
+            param_elems_unsharded=sum(math.prod(x.shape) for x in params.values()),
+            lora_elems=lora[0], lora_elems_unsharded=lora[1]))
+        out[name] = {k: e[k] for k in ("params", "gradients", "optimizer", "reference", "peak")}
+    return out

@@ -1,17 +1,18 @@
 """The run's shape plan: every shape the sampler and the train step compile, derived once.
 
-The one owner of rows and prompts per G (`prompts_for`), the prompt / cache / completion
-buckets and the packed row sizes. Read by SAGC's cost model and the simulator (`prompts_for`),
-the sampler (`SamplingConfig.from_plan`, `sampler_shapes`), the train step (`max_rows`,
-`pack_len`, `pack_chunk_rows`) and the dry run (the same lists, priced). A run only ever sees
-shapes from this plan, so `compiles` stays 0 after warm-up.
+The one owner of rows and prompts per G (`prompts_for`), the prompt / cache buckets and the
+train layout's sizes (`TrainLayout`). Read by SAGC's cost model and the simulator
+(`prompts_for`), the sampler (`SamplingConfig.from_plan`, `sampler_shapes`), the train step
+(`ShapePlan.train_layout`: `CompiledSteps.from_layout` and the batch's `LayoutSpec`) and the dry
+run (the same lists, priced). A run only ever sees shapes from this plan, so `compiles` stays 0
+after warm-up.
 It imports nothing from the package: every layer above may read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -24,16 +25,6 @@ def prompts_for(sagc_cfg: Any, g: int, prompts_per_step: int) -> int:
     if n is None or n % g:
         raise ValueError(f"sagc.rollouts_per_step: must be divisible by group size {g}, got {n!r}")
     return n // g
-
-
-def completion_buckets(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
-    """Train-step completion lengths: half and full `max_new_tokens` (multiples of the chunk).
-
-    Two buckets make the update's cost follow the straggler tail (a batch without a long
-    completion trains on half the length) for one extra compile per G.
-    """
-    half = -(-(max_new_tokens // 2) // chunk) * chunk
-    return tuple(sorted({min(half, max_new_tokens), max_new_tokens}))
 
 
 def bucket(value: int, buckets: tuple[int, ...]) -> int:
@@ -67,16 +58,6 @@ def pack_len_for(max_prompt: int, max_new_tokens: int, multiple: int = 8) -> int
     `multiple`."""
     need = max_prompt + max_new_tokens - 1
     return -(-need // multiple) * multiple
-
-
-def micro_batches(rows: int, micro_batch_rows: int | None) -> int:
-    """Micro-batches per update of `rows` rows (`algo.micro_batch_rows` must divide rows)."""
-    if micro_batch_rows is None or micro_batch_rows >= rows:
-        return 1
-    if rows % micro_batch_rows:
-        raise ValueError(f"algo.micro_batch_rows: {micro_batch_rows} must divide the batch rows "
-                         f"{rows} (prompts x group size) of every declared shape")
-    return rows // micro_batch_rows
 
 
 def default_chunk_rows(micro_batch_rows: int | None, batch_ways: int) -> tuple[int, ...]:
@@ -117,15 +98,54 @@ def sampler_shapes(group_sizes: Sequence[int], prompts: Callable[[int], int],
     return tuple(out)
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainShape:
-    """One compiled train step: rows = prompts x G, sequence = prompt bucket + completion."""
+def train_programs(chunk_sizes: Sequence[int], *, logprobs: bool,
+                   entropy: bool) -> tuple[tuple[str, int], ...]:
+    """Every program one update runs, as (name, chunk rows; 0: not per chunk), in compile
+    order: the accumulator's zeros and the optimizer apply; a log-prob pass's output buffer
+    when there is one; per chunk size its grad step, log-prob step (`logprobs`: KL reference or
+    mu > 1) and entropy step (`entropy`: `top_entropy_quantile < 1`). `CompiledSteps.warm_up`
+    compiles exactly these and the dry run counts them."""
+    out: list[tuple[str, int]] = [("zeros", 0), ("apply", 0)]
+    if logprobs or entropy:
+        out.append(("out", 0))
+    for c in chunk_sizes:
+        out.append(("grad", c))
+        if logprobs:
+            out.append(("logp", c))
+        if entropy:
+            out.append(("ent", c))
+    return tuple(out)
 
-    group_size: int
-    prompts: int
-    rows: int
-    prompt_bucket: int
-    completion_bucket: int
+
+@dataclasses.dataclass(frozen=True)
+class TrainLayout:
+    """The one train layout every update compiles, whatever G, prompt or completion lengths.
+
+    Chunk arrays are int32 `[chunk rows, pack_len]` (tokens, positions, segment and branch
+    ids) and `[chunk rows, completion_len]` (the scored slots and their targets), one program
+    per size in `chunk_sizes` (global rows, largest first); per-sequence arrays are
+    `[seqs, completion_len]` (log-probs, entropies) and `[seqs]`. `CompiledSteps.from_layout`
+    and the batch's `LayoutSpec` are built from it; the dry run prices it.
+
+    Attributes:
+      seqs: S, global sequences of the largest batch of any G.
+      num_groups: groups (prompts) of the largest prompt count of any G.
+      completion_len: N = `max_new_tokens`, also a row's cap on scored slots.
+      pack_len: slots per row.
+      chunk_sizes: the declared global chunk rows, largest first.
+      share_prompts: several sequences a row, a group's prompt once (`algo.packing`).
+    """
+
+    seqs: int
+    num_groups: int
+    completion_len: int
+    pack_len: int
+    chunk_sizes: tuple[int, ...]
+    share_prompts: bool = True
+
+    def programs(self, *, logprobs: bool, entropy: bool) -> tuple[tuple[str, int], ...]:
+        """The update's programs (`train_programs`) over this layout's chunk sizes."""
+        return train_programs(self.chunk_sizes, logprobs=logprobs, entropy=entropy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +158,7 @@ class ShapePlan:
       data_shards: virtual data shards (`data.shards`, default the process count).
       packing: the train layout packs several sequences a row, a group's prompt once
         (`algo.packing`); else one sequence per row. Either way pack_len slots per row, chunks
-        of `pack_chunk_rows` rows (see `rl.batch`).
+        of `pack_chunk_rows` rows (`train_layout`, `rl.batch`).
     """
 
     group_sizes: tuple[int, ...]
@@ -147,7 +167,6 @@ class ShapePlan:
     cache_buckets: tuple[int, ...] | None
     max_new_tokens: int
     decode_chunk: int
-    completion_buckets: tuple[int, ...]
     micro_batch_rows: int | None = None
     batch_ways: int = 1
     num_processes: int = 1
@@ -182,7 +201,6 @@ class ShapePlan:
             prompt_buckets=tuple(s.prompt_buckets),
             cache_buckets=None if s.cache_buckets is None else tuple(s.cache_buckets),
             max_new_tokens=s.max_new_tokens, decode_chunk=s.decode_chunk,
-            completion_buckets=completion_buckets(s.max_new_tokens, s.decode_chunk),
             micro_batch_rows=cfg.algo.micro_batch_rows, batch_ways=batch_ways,
             num_processes=num_processes, data_shards=cfg.data.shards or num_processes,
             packing=bool(a.packing),
@@ -197,13 +215,12 @@ class ShapePlan:
                               self.prompt_buckets, self.max_new_tokens, self.cache_buckets)
 
     # ---- the train step
-    def train_shapes(self) -> Iterator[TrainShape]:
-        """Every (G, prompt bucket, completion bucket) train step, in compile order."""
-        for g in self.group_sizes:
-            p = self.prompts_per_g[g]
-            for lp in self.prompt_buckets:
-                for n in self.completion_buckets:
-                    yield TrainShape(g, p, p * g, lp, n)
+    @property
+    def train_layout(self) -> TrainLayout:
+        """The layout every update of this plan compiles (S, N, pack_len, chunk sizes)."""
+        return TrainLayout(seqs=self.max_rows, num_groups=self.max_prompts,
+                           completion_len=self.max_new_tokens, pack_len=self.pack_len,
+                           chunk_sizes=self.pack_chunk_rows, share_prompts=self.packing)
 
     @property
     def max_rows(self) -> int:
@@ -214,9 +231,6 @@ class ShapePlan:
     def max_prompts(self) -> int:
         """The largest prompt count of any G (the packed step's static group count)."""
         return max(self.prompts_per_g.values())
-
-    def micro_batches(self, rows: int) -> int:
-        return micro_batches(rows, self.micro_batch_rows)
 
     def rows_split(self, rows: int) -> bool:
         """Whether `rows` shard over data x fsdp (else the batch is replicated)."""

@@ -131,6 +131,30 @@ def test_bit_flip_falls_back_and_moves_the_step_aside(saved, tmp_path, sagc_log)
     assert sagc_log[seen:] == []  # no fallback this time
 
 
+def test_first_restorable_is_the_one_fallback(sagc_log):
+    """The fallback the resume and eval / export share: damaged candidates (a
+    CheckpointCorruptError) are passed over newest first, each reported when an older one is
+    tried next; any other error, another model's included, is raised at once."""
+    def restore(name: str) -> str:
+        if name.startswith("bad"):
+            raise ckpt.CheckpointCorruptError(f"{name}: checksum mismatch in w")
+        if name == "oom":
+            raise MemoryError("out of memory")
+        if name == "other":
+            raise ckpt.CheckpointMismatchError("another model")
+        return name
+
+    got, bad = ckpt.first_restorable(["bad3", "bad2", "ok1", "bad0"], restore, str.upper)
+    assert got == "ok1" and [c for c, _ in bad] == ["bad3", "bad2"]
+    assert sum("BAD3 is unreadable or corrupt" in m for m in sagc_log) == 1
+    assert ckpt.first_restorable(["bad1", "bad0"], restore, str) == (
+        None, [("bad1", "CheckpointCorruptError: bad1: checksum mismatch in w"),
+               ("bad0", "CheckpointCorruptError: bad0: checksum mismatch in w")])
+    for stop in ("oom", "other"):  # says nothing about the files: no fallback
+        with pytest.raises((MemoryError, ckpt.CheckpointMismatchError)):
+            ckpt.first_restorable(["bad1", stop, "ok0"], restore, str)
+
+
 def test_corrupt_optimizer_state_falls_back(saved, tmp_path):
     ck = _copy(saved, tmp_path)
     flip_bytes(ck.directory / "2", item="opt_state")

@@ -9,12 +9,14 @@ with the public Qwen2.5 numbers, which wins over the preset.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 from xla_env import OPT_FLAGS
 
@@ -344,3 +346,71 @@ def test_new_family_presets_dry_run(preset):
         if s["cache_bucket"] > 2 * mcfg.sliding_window:
             assert s["kv_cache_bytes"] < full
     assert f"{mcfg.model_type} from preset {preset}" in format_report(r)
+
+
+def test_dry_run_prices_what_the_trainer_compiles(tmp_path, monkeypatch):
+    """The dry run's train layout, its chunk programs, their count and the estimate's batch
+    bytes equal what the trainer builds (`build_run`) and what its warm-up would compile,
+    recorded here instead of compiled. Under `batch_policy: rollouts` the G with the most rows
+    is not the one with the most prompts: the step's group count is the latter's."""
+    from sagc_jax.memory_estimate import per_device
+    from sagc_jax.train.setup import build_run
+    from sagc_jax.train.state import RunState
+    from sagc_jax.train.steps import CompiledSteps
+
+    cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", [
+        f"run.dir={tmp_path}", "run.eval_every=0", "sagc.batch_policy=rollouts",
+        "sagc.rollouts_per_step=16", "sagc.group_sizes=[2,4]", "sagc.initial_group_size=2",
+        "sampling.max_new_tokens=16", "sampling.prompt_buckets=[32]", "algo.beta=0.04",
+        "algo.top_entropy_quantile=0.5", "algo.pack_chunk_rows=[8,4]"])
+    report = dry_run(cfg)
+    assert report["ok"], report["errors"]
+    t = report["train_layout"]
+    assert (t["seqs"], t["num_groups"], t["chunk_sizes"]) == (16, 8, (8, 4))
+
+    lowered: dict[tuple[str, int], tuple] = {}
+
+    class _Record:  # stands in for a jitted program: keeps what warm-up lowers it with
+        def __init__(self, key: tuple[str, int]):
+            self.key = key
+
+        def lower(self, *args):
+            lowered[self.key] = args
+            return self
+
+        def compile(self):
+            return self
+
+    monkeypatch.setattr(CompiledSteps, "_fn", lambda self, name, rows=0: _Record((name, rows)))
+    run = build_run(cfg, progress=False)
+    try:
+        steps, layout = run.learner.steps, run.layout
+        assert (layout.seqs, layout.completion_len, layout.pack_len, layout.chunk_sizes,
+                layout.share_prompts) == (t["seqs"], t["completion_len"], t["pack_len"],
+                                          t["chunk_sizes"], t["share_prompts"])
+        assert (steps.seqs, steps.num_groups, steps.completion_len, steps.pack_len,
+                steps.chunk_sizes) == (t["seqs"], t["num_groups"], t["completion_len"],
+                                       t["pack_len"], t["chunk_sizes"])
+        state: RunState = run.take_initial()
+        run.learner.warm_up(state)
+    finally:
+        run.writer.close()
+        run.ckpt.close()
+    n_sampler = 2 * len(report["sampler_shapes"])
+    assert len(lowered) == report["compiled_programs"] - n_sampler
+    by_rows = {x["chunk_rows"]: x for x in report["train_shapes"]}
+    assert {c for name, c in lowered if name == "grad"} == set(by_rows)
+    ways = report["batch_shards"]
+    for c, shape in by_rows.items():
+        _, _, chunk, seqs, _ = lowered[("grad", c)]
+        assert chunk["tokens"].shape == (c, shape["pack_len"])
+        assert chunk["head_slots"].shape == (c, shape["head_slots"])
+        assert shape["rows_per_device"] == per_device(c, ways)
+        assert seqs["old_logprobs"].shape == (t["seqs"], t["completion_len"])
+
+    def per_device_bytes(tree) -> int:
+        return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+                   for x in jax.tree.leaves(tree))
+
+    _, _, chunk, seqs, _ = lowered[("grad", max(by_rows))]
+    assert report["memory"]["batch"] == per_device_bytes(chunk) + per_device_bytes(seqs)

@@ -30,17 +30,15 @@ from sagc_jax.config import config_from_dict, load_config, save_config
 from sagc_jax.data.pipeline import make_prompt_iterator
 from sagc_jax.data.tasks import get_task
 from sagc_jax.data.tokenizer import load_tokenizer
-from sagc_jax.evaluate import (
-    CONFIG_IN_HF_DIR,
-    CheckpointPathError,
-    evaluate,
-    load_eval_examples,
-    load_policy,
-    pass_at_k,
-    resolve_checkpoint,
-)
+from sagc_jax.evaluate import evaluate, load_eval_examples, pass_at_k
 from sagc_jax.export import export
 from sagc_jax.models.build import build_model
+from sagc_jax.open_run import (
+    CONFIG_IN_HF_DIR,
+    CheckpointPathError,
+    load_policy,
+    resolve_checkpoint,
+)
 from sagc_jax.rl.rewards import RewardFn
 
 K, BATCH, NEW, CHUNK = 3, 3, 16, 8

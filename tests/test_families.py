@@ -275,7 +275,7 @@ def test_gemma3_trains_and_exports_through_the_cli(tmp_path, lora):
     from hf_fixtures import build_hf_dir
 
     from sagc_jax.cli import main
-    from sagc_jax.evaluate import load_policy
+    from sagc_jax.open_run import load_policy
 
     spec = {**FAMILY_SPECS["gemma3"], "vocab_size": 112}  # >= the built-in tokenizer's 105
     base = build_hf_dir(spec, tmp_path / "base")

@@ -24,7 +24,6 @@ from xla_env import xla_flags
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, config_from_dict
-from sagc_jax.evaluate import load_policy
 from sagc_jax.export import export
 from sagc_jax.metrics import TIMING_KEYS, read_jsonl
 from sagc_jax.models import ModelConfig, Transformer, from_pretrained, save_pretrained
@@ -32,6 +31,7 @@ from sagc_jax.models.decode import decode_weights
 from sagc_jax.models.lora import LORA_TARGETS, add_lora, disable_adapters, split_trainable
 from sagc_jax.models.peft import save_peft_adapter
 from sagc_jax.models.sharding import state_shardings
+from sagc_jax.open_run import load_policy
 from sagc_jax.parallel import make_mesh
 from sagc_jax.rl.batch import LayoutSpec, make_batch
 from sagc_jax.rl.train_step import LossSettings

@@ -170,16 +170,21 @@ def test_micro_batches_stay_sharded_over_the_batch_axes():
     slots) shrink against chunks of 32 rows; the per-sequence [S, N] arrays are a fixed part."""
     from sagc_jax.compiled_memory import abstract_train_state, train_step_memory
     from sagc_jax.optim import make_optimizer
+    from sagc_jax.shapes import ShapePlan
+    from sagc_jax.train.learner import loss_settings
 
     mcfg = dataclasses.replace(_tiny(), vocab_size=8192, remat=True)
     mesh = make_mesh(4, 1, 1)
     temp = {}
     for mb in (32, 8):
-        cfg = load_config(None, [f"algo.micro_batch_rows={mb}"])
+        cfg = load_config(None, [f"algo.micro_batch_rows={mb}", "data.prompts_per_step=8",
+                                 "sagc.group_sizes=[4]", "sagc.initial_group_size=4",
+                                 "sampling.prompt_buckets=[16]", "sampling.max_new_tokens=16"])
+        layout = ShapePlan.from_config(cfg, batch_ways=4).train_layout
+        assert (layout.seqs, layout.num_groups, max(layout.chunk_sizes)) == (32, 8, mb)
         opt = make_optimizer(cfg.optim, cfg.run.steps)
         state = abstract_train_state(mcfg, mesh, opt)
-        temp[mb] = train_step_memory(cfg, state, mesh, opt, rows=32, groups=8, lp=16,
-                                     n=16).temp
+        temp[mb] = train_step_memory(state, mesh, opt, loss_settings(cfg), layout).temp
     assert temp[8] < 0.5 * temp[32], temp
 
 

@@ -138,7 +138,7 @@ def test_corrupt_newest_checkpoint_falls_back(reference_run, tmp_path, capsys):
     ckpts = run_dir / "checkpoints"
     assert [p.name.split(".")[0] for p in ckpts.iterdir() if ".corrupt-" in p.name] == ["8"]
     assert {8, 9} <= set(ocp.CheckpointManager(ckpts).all_steps())
-    from sagc_jax.evaluate import load_policy
+    from sagc_jax.open_run import load_policy
 
     load_policy(run_dir)
     assert "corrupt" not in capsys.readouterr().out

@@ -101,8 +101,9 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
     0 = `checkpoints/initial`) — on the run config's held-out split; every result is kept in
     `<run>/eval.json`, keyed by checkpoint step, samples and limit (an accuracy curve reads
     several)."""
-    from sagc_jax.evaluate import evaluate, load_eval_examples, load_policy, resolve_checkpoint
+    from sagc_jax.evaluate import evaluate, load_eval_examples
     from sagc_jax.experiments.budget import checkpoint_at_or_before
+    from sagc_jax.open_run import load_policy, resolve_checkpoint
     from sagc_jax.rl.rewards import build_reward_fns, with_timeout
 
     ckpt: Path = run_dir

@@ -34,7 +34,8 @@ from sagc_jax.config import Config, config_to_dict, load_saved_config, save_conf
 from sagc_jax.data.pipeline import load_examples
 from sagc_jax.errors import TrainingError
 from sagc_jax.evaluate import greedy_accuracy
-from sagc_jax.models.lora import checkpointed, with_base
+from sagc_jax.models.lora import checkpointed
+from sagc_jax.open_run import with_frozen_base
 from sagc_jax.rl.batch import make_batch
 from sagc_jax.rollout import collect, global_view, rollout_key
 from sagc_jax.runlock import RunLock
@@ -185,9 +186,8 @@ def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> tuple[
         ref = copy_params(params) if copy_ref else None
         run.writer.resume_from(0)
         return _observed(run, RunState(params, init.opt_state, ref)), how
-    params = restored.params
-    if cfg.model.lora is not None:  # adapters only: the frozen base is the run's initial params
-        params = with_base(params, run.ckpt.restore_initial(init.params))
+    # A LoRA run's steps hold the adapters only: its frozen base is checkpoints/initial.
+    params = with_frozen_base(run.ckpt.directory, restored.params, init.params)
     run.policy.load_state(restored.sagc)
     # With LoRA the reference is the restored base: checkpoints/initial unread.
     ref = run.ckpt.restore_initial(params) if copy_ref else None

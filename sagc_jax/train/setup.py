@@ -219,14 +219,13 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     optimizer = make_optimizer(cfg.optim, cfg.run.steps)
     # With LoRA only the adapters carry optimizer state (`lora.trainable`).
     opt_state, opt_shardings = init_opt_state(optimizer, trainable(params), mesh)
-    steps = CompiledSteps(graphdef, optimizer, loss_settings(cfg), mesh, param_shardings,
-                          opt_shardings, num_groups=plan.max_prompts, seqs=plan.max_rows,
-                          completion_len=plan.completion_buckets[-1], pack_len=plan.pack_len,
-                          chunk_sizes=plan.pack_chunk_rows, hosts=hosts)
+    train = plan.train_layout
+    steps = CompiledSteps.from_layout(graphdef, optimizer, loss_settings(cfg), mesh,
+                                      param_shardings, opt_shardings, train, hosts)
     learner = Learner(steps, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
-    layout = LayoutSpec(seqs=plan.max_rows, completion_len=plan.completion_buckets[-1],
-                        pack_len=plan.pack_len, chunk_sizes=plan.pack_chunk_rows,
-                        share_prompts=plan.packing, pad_id=pad_id,
+    layout = LayoutSpec(seqs=train.seqs, completion_len=train.completion_len,
+                        pack_len=train.pack_len, chunk_sizes=train.chunk_sizes,
+                        share_prompts=train.share_prompts, pad_id=pad_id,
                         mask_truncated=cfg.algo.mask_truncated)
     blueprint = _blueprint(graphdef, params)
     sampler = Sampler(blueprint, config=SamplingConfig.from_plan(plan, cfg.sampling),

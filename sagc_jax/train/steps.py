@@ -37,6 +37,7 @@ from sagc_jax.rl.train_step import (
     make_logprob_step,
     zero_acc,
 )
+from sagc_jax.shapes import TrainLayout, train_programs
 
 Arrays = dict[str, jax.Array]
 
@@ -63,6 +64,17 @@ class CompiledSteps:
     pack_len: int
     chunk_sizes: tuple[int, ...]
     hosts: Hosts = dataclasses.field(default_factory=Hosts)
+
+    @classmethod
+    def from_layout(cls, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
+                    settings: LossSettings, mesh: Mesh, param_shardings: Any, opt_shardings: Any,
+                    layout: TrainLayout, hosts: Hosts | None = None) -> CompiledSteps:
+        """The steps of the run's one layout (`ShapePlan.train_layout`): what the trainer and
+        the dry run's compiled memory plan build."""
+        return cls(graphdef, optimizer, settings, mesh, param_shardings, opt_shardings,
+                   num_groups=layout.num_groups, seqs=layout.seqs,
+                   completion_len=layout.completion_len, pack_len=layout.pack_len,
+                   chunk_sizes=layout.chunk_sizes, hosts=hosts or Hosts())
 
     def __post_init__(self) -> None:
         self._jit: dict[tuple[str, int], Callable] = {}
@@ -148,18 +160,16 @@ class CompiledSteps:
                            acc, self._acc_shardings())
         seq, idx = self._seq_spec(), jax.ShapeDtypeStruct((), jnp.int32, sharding=self._rep)
         out = self._out_spec()
-        todo = {("zeros", 0): (params,), ("apply", 0): (params, opt_state, acc, seq)}
-        if need_logprobs or self.needs_entropy:
-            todo[("out", 0)] = ()
-        for c in self.chunk_sizes:
-            todo[("grad", c)] = (params, acc, self._chunk_spec(c), seq, idx)
-            if need_logprobs:
-                todo[("logp", c)] = (params, out, self._chunk_spec(c), seq, idx)
-            if self.needs_entropy:
-                todo[("ent", c)] = (params, out, self._chunk_spec(c), seq, idx)
-        for key, args in todo.items():
+        chunk = self._chunk_spec
+        inputs: dict[str, Callable[[int], tuple]] = {  # a program's abstract arguments
+            "zeros": lambda c: (params,), "apply": lambda c: (params, opt_state, acc, seq),
+            "out": lambda c: (), "grad": lambda c: (params, acc, chunk(c), seq, idx),
+            "logp": lambda c: (params, out, chunk(c), seq, idx),
+            "ent": lambda c: (params, out, chunk(c), seq, idx)}
+        for key in train_programs(self.chunk_sizes, logprobs=need_logprobs,
+                                  entropy=self.needs_entropy):
             if key not in self._compiled:
-                self._compiled[key] = self._fn(*key).lower(*args).compile()
+                self._compiled[key] = self._fn(*key).lower(*inputs[key[0]](key[1])).compile()
 
     @property
     def needs_entropy(self) -> bool:
