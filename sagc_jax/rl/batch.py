@@ -86,10 +86,11 @@ def make_batch(ro: Any, spec: LayoutSpec, hosts: Hosts | None = None) -> TrainBa
 
     Loss rows: valid (kept groups), scored by some reward function and, with `mask_truncated`,
     not truncated; only those are placed. A multi-turn rollout's `env_mask` becomes the
-    per-token `loss_mask` (its environment tokens are placed but never scored). A row every reward function scored None carries a NaN
-    reward, which the step reads as "out of the advantages' statistics". Group ids are global
-    (this process's rows start at `ro.row_offset`). With several processes the chunk count is
-    the largest any process needs (one gather of an int).
+    per-token `loss_mask` (its environment tokens are placed but never scored). A row every
+    reward function scored None carries a NaN reward, which the step reads as "out of the
+    advantages' statistics". Group ids are global (this process's rows start at
+    `ro.row_offset`). With several processes the chunk count is the largest any process needs
+    (one gather of an int).
     """
     hosts = hosts or Hosts()
     g, rows = ro.group_size, len(ro.lengths)

@@ -125,7 +125,7 @@ class TurnSampler(Sampler):
 
     def begin(self, prompts: Sequence[Sequence[int]], *, group_size: int, key: jax.Array,
               params: Params | None = None) -> Episodes:
-        """Prefills `prompts` once and starts `len(prompts) * group_size` episodes (prompt-major)."""
+        """Prefills `prompts` once; starts `len(prompts) * group_size` episodes (prompt-major)."""
         if jax.process_count() > 1:
             raise ValueError("multi-turn episodes are single-process only")
         g = int(group_size)
