@@ -21,7 +21,7 @@ from flax import nnx
 from reference_step import rollout
 
 from sagc_jax.cli import main
-from sagc_jax.config import config_from_dict
+from sagc_jax.config import ConfigError, config_from_dict
 from sagc_jax.data.tokenizer import encode_prompt, encode_text, load_tokenizer
 from sagc_jax.envs import Calculator, EnvError, EnvNameError, EnvSpec, evaluate, resolve_env
 from sagc_jax.models import ModelConfig, Transformer
@@ -95,6 +95,14 @@ def test_calculator_evaluates_safely():
 def _spec(name: str, timeout_s: float | None = None) -> EnvSpec:
     cfg = config_from_dict({"env": {"name": name, "timeout_s": timeout_s}})
     return EnvSpec.from_config(cfg.env)
+
+
+def test_env_section_rules():
+    with pytest.raises(ConfigError, match=r"^unknown key 'env.max_turn' \(did you mean "):
+        config_from_dict({"env": {"name": "calculator", "max_turn": 2}})
+    with pytest.raises(ConfigError, match=r"algo\.dynamic_sampling: does not refill multi-turn"):
+        config_from_dict({"env": {"name": "calculator"}, "algo": {"dynamic_sampling": True}})
+    assert config_from_dict({}).env is None
 
 
 def test_env_names_resolve_like_rewards():

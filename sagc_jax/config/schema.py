@@ -556,6 +556,9 @@ class Config(Section):
             )
         if not self.rewards:
             raise rule_error("rewards", "must list at least one reward")
+        if self.env is not None and a.dynamic_sampling:
+            raise rule_error("algo.dynamic_sampling", "does not refill multi-turn episodes "
+                             "(env: is set); set it to false")
         return self
 
 
