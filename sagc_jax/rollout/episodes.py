@@ -144,8 +144,9 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
 
 def _reply(sampler: TurnSampler, spec: EnvSpec, tokenizer: Any, text: str, index: int,
            chat_template: bool) -> list[int]:
-    """The reply's ids, checked against the compiled reply buffer (`env.max_reply_tokens`)."""
-    ids = encode_reply(tokenizer, text, chat_template) if text or chat_template else []
+    """The reply's ids ("" = no reply at all, also under a chat template), checked against the
+    compiled reply buffer (`env.max_reply_tokens`)."""
+    ids = encode_reply(tokenizer, text, chat_template) if text else []
     if len(ids) > sampler.reply_width:
         raise EnvError(f"env {spec.name!r} failed on example {index}: its reply {text!r:.60} "
                        f"is {len(ids)} tokens, more than env.max_reply_tokens "
