@@ -22,7 +22,7 @@ from reference_step import rollout
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, config_from_dict
-from sagc_jax.data.tokenizer import encode_prompt, encode_text, load_tokenizer
+from sagc_jax.data.tokenizer import encode_prompt, encode_reply, encode_text, load_tokenizer
 from sagc_jax.envs import Calculator, EnvError, EnvNameError, EnvSpec, evaluate, resolve_env
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import state_shardings
@@ -90,6 +90,14 @@ def test_calculator_evaluates_safely():
     assert env.step("12*7=84\n#### 84") == ("", 0.0, True)  # an answer ends the episode
     assert [evaluate(e) for e in ("7/2", "1/0", "__import__('os')", "2**99", "(1+2)*-3")] == [
         "3.5", "error", "error", "error", "-9"]
+
+
+def test_replies_are_tokenised_plain_or_with_the_chat_template():
+    tok = load_tokenizer()
+    assert encode_reply(tok, "=17\n") == encode_text(tok, "=17\n")
+    chat = encode_reply(tok, "=17", chat_template=True)
+    assert chat[0] != tok.bos_token_id  # the episode already began
+    assert tok.decode(chat) == "user: =17\nassistant: "
 
 
 def _spec(name: str, timeout_s: float | None = None) -> EnvSpec:
