@@ -190,6 +190,25 @@ def test_continuation_from_the_cache_equals_the_whole_sequence(setup):
         assert (out.logprobs[r, :n][~model_tok] == 0).all()
 
 
+def test_continued_logits_equal_a_fresh_prefill(setup):
+    """After a turn, a reply fed into the cache and a second turn, each row's next-token logits
+    (the state the next turn starts from) equal the last logits of the whole sequence's
+    forward pass (prompt + every turn + the reply)."""
+    s = setup
+    prompts = [e["prompt_ids"] for e in _examples(s.tok, [2, 1])]
+    ep = s.sampler.begin(prompts, group_size=2, key=jax.random.key(5))
+    first = s.sampler.turn(ep, live=np.ones(4, bool), replies=[[]] * 4, max_new_tokens=N_NEW)
+    reply = encode_text(s.tok, "ok")
+    s.sampler.turn(ep, live=~first.full, replies=[reply] * 4, max_new_tokens=N_NEW)
+    tokens, _, env, lengths = s.sampler.outputs(ep, N_NEW)
+    assert env.any()
+    logits = np.asarray(ep.state.logits)
+    for r in range(4):
+        seq = jnp.asarray([prompts[r // 2] + tokens[r, :lengths[r]].tolist()])
+        want = np.asarray(s.model(seq)[0, -1], np.float32)
+        np.testing.assert_allclose(logits[r], want, atol=1e-5)
+
+
 def test_episode_rules_and_rewards(setup):
     out = _play(setup, [0, 2], g=2, reward="sum")
     turns = out.turns.reshape(2, 2)
