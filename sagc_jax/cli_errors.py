@@ -16,6 +16,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     from sagc_jax.config import ConfigError
     from sagc_jax.data.readers import DataError
     from sagc_jax.data.tokenizer import TokenizerError
+    from sagc_jax.envs import EnvNameError
     from sagc_jax.models.config import ModelConfigError
     from sagc_jax.models.hf import ModelFileError
     from sagc_jax.rl.rewards import RewardNameError
@@ -23,7 +24,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
     # FileNotFound / FileExists before step 1: init.params, model.path, run.resume vs run.dir.
     return (ConfigError, DataError, TokenizerError, ModelFileError, ModelConfigError,
-            RewardNameError, CheckpointMismatchError, RunDirLocked, FileNotFoundError,
+            RewardNameError, EnvNameError, CheckpointMismatchError, RunDirLocked, FileNotFoundError,
             FileExistsError)
 
 

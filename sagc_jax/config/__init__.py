@@ -15,6 +15,7 @@ checking, ``cfg.validate()`` checks again.
 from __future__ import annotations
 
 from sagc_jax.config.base import Section
+from sagc_jax.config.env import EnvConfig
 from sagc_jax.config.errors import ConfigError
 from sagc_jax.config.errors import config_keys as _keys_of
 from sagc_jax.config.load import (
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "DistributedConfig",
+    "EnvConfig",
     "InitConfig",
     "MeshConfig",
     "ModelSection",

@@ -19,6 +19,7 @@ from annotated_types import Ge
 from pydantic import AfterValidator, Field, model_validator
 
 from sagc_jax.config.base import Bool, Float, Int, Section, Str, field, rule_error
+from sagc_jax.config.env import EnvConfig
 from sagc_jax.config.errors import ConfigError, fmt
 from sagc_jax.config.sagc import SAGCConfig
 
@@ -28,6 +29,7 @@ __all__ = [
     "Config",
     "DataConfig",
     "DistributedConfig",
+    "EnvConfig",
     "InitConfig",
     "LoRASection",
     "MeshConfig",
@@ -521,6 +523,9 @@ class Config(Section):
         "handled by reward_on_error (the stuck call is abandoned in a background thread, not "
         "killed). None = wait forever.", gt=0
     )
+    env: EnvConfig | None = field(
+        None, "Multi-turn episodes against an environment (docs/environments.md); None = "
+        "single-turn rollouts.")
     mesh: MeshConfig = Field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
@@ -551,6 +556,9 @@ class Config(Section):
             )
         if not self.rewards:
             raise rule_error("rewards", "must list at least one reward")
+        if self.env is not None and a.dynamic_sampling:
+            raise rule_error("algo.dynamic_sampling", "does not refill multi-turn episodes "
+                             "(env: is set); set it to false")
         return self
 
 

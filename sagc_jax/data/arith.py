@@ -31,8 +31,8 @@ import numpy as np
 
 from sagc_jax.data.task import EVAL_SEED, MAX_REDRAWS, LazySource, Task, prompt_split
 
-__all__ = ["ArithSource", "arith_example", "arith_task", "check_arith_solution",
-           "make_arith_examples"]
+__all__ = ["ArithSource", "arith_calc_example", "arith_calc_task", "arith_example", "arith_task",
+           "calc_solution", "check_arith_solution", "make_arith_examples"]
 
 _MAX_TOTAL = 99
 
@@ -167,4 +167,53 @@ def arith_task(
         ),
         make_train=lambda seed, n: ArithSource(n, seed, split="train", **kw),  # type: ignore[arg-type]
         make_eval=lambda n: list(ArithSource(n, EVAL_SEED, split="eval", **kw)),  # type: ignore[arg-type]
+    )
+
+
+# ---- arith_calc: the same problems, solved with the calculator environment (envs/) ----------
+
+
+def calc_solution(example: dict[str, Any]) -> str:
+    """The tool trace of an arith example: one ``<calc>`` call on the whole chain, the
+    calculator's reply (``=N`` and a newline, what `envs.Calculator` answers), then the answer:
+    ``<calc>7+5-3+8</calc>=17\n#### 17``."""
+    expr, answer = example["prompt"].rstrip("="), example["answer"]
+    return f"<calc>{expr}</calc>={answer}\n#### {answer}"
+
+
+def arith_calc_example(index: int, seed: int, *, tool_rate: float = 1.0,
+                       **kw: Any) -> dict[str, Any]:
+    """`arith_example(index, seed, **kw)` whose solution is the tool trace (`calc_solution`)
+    for a seeded `tool_rate` fraction of the examples, the step-by-step one otherwise."""
+    if not 0.0 <= tool_rate <= 1.0:
+        raise ValueError(f"tool_rate must be in [0, 1], got {tool_rate}")
+    ex = arith_example(index, seed, **kw)
+    if np.random.default_rng([int(seed) & 0xFFFFFFFF, int(index), 0xCA1C]).random() < tool_rate:
+        ex["solution"] = calc_solution(ex)
+    return ex
+
+
+class _CalcSource(ArithSource):
+    """`ArithSource` with `arith_calc_example`'s solutions."""
+
+    def __init__(self, n: int, seed: int, *, tool_rate: float, **kw: Any) -> None:
+        LazySource.__init__(self, arith_calc_example, n, seed=int(seed), tool_rate=float(tool_rate),
+                            **kw)
+
+
+def arith_calc_task(name: str = "arith_calc", min_steps: int = 1, max_steps: int = 12,
+                    p_continue: float = 0.7, tool_rate: float = 1.0) -> Task:
+    """The ``arith_calc`` task: arith's problems and answers (so `exact_answer` scores them),
+    SFT solutions that call the calculator (`tool_rate` of them; the rest step by step). Train
+    with ``env: {name: calculator}``; without it, the model's own text follows ``</calc>``."""
+    kw = dict(min_steps=min_steps, max_steps=max_steps, p_continue=p_continue,
+              tool_rate=tool_rate)
+    _CalcSource(0, 0, **kw)  # validate
+    return Task(
+        name=name,
+        default_reward="exact_answer",
+        description=(f"arith ({min_steps}..{max_steps} steps) with calculator tool traces "
+                     f"(tool_rate={tool_rate}), answer after '#### '"),
+        make_train=lambda seed, n: _CalcSource(n, seed, split="train", **kw),
+        make_eval=lambda n: list(_CalcSource(n, EVAL_SEED, split="eval", **kw)),
     )

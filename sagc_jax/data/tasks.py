@@ -13,6 +13,7 @@ from typing import Any
 from sagc_jax.config.errors import ConfigError
 from sagc_jax.data.arith import (
     ArithSource,
+    arith_calc_task,
     arith_example,
     arith_task,
     check_arith_solution,
@@ -43,6 +44,8 @@ TASKS: dict[str, Callable[..., Task]] = {
     "arith_short": lambda **kw: arith_task(
         "arith_short", **{"min_steps": 1, "max_steps": 3, **kw}
     ),
+    # arith solved with the calculator environment (env: {name: calculator}; envs/).
+    "arith_calc": arith_calc_task,
     # arith with rambling SFT demonstrations: heavy-tailed completion lengths (ramble.py).
     "ramble": ramble_task,
     # Problems from reasoning-gym's generators, scored by their own verifiers (reasoning_gym.py).
@@ -50,7 +53,7 @@ TASKS: dict[str, Callable[..., Task]] = {
 }
 
 #: Tasks that take the config's ``data.task_min_steps`` / ``data.task_max_steps``.
-STEP_TASKS = frozenset({"arith", "arith_short", "ramble"})
+STEP_TASKS = frozenset({"arith", "arith_short", "arith_calc", "ramble"})
 
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "decode_completion",
     "encode_prompt",
     "encode_prompts",
+    "encode_reply",
     "encode_text",
     "load_run_tokenizer",
     "load_tokenizer",
@@ -219,6 +220,23 @@ def load_run_tokenizer(
 def encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Encode ``text`` with no special tokens added (special-token strings are still recognised)."""
     return list(tok.encode(text, add_special_tokens=False))
+
+
+def encode_reply(tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False) -> list[int]:
+    """Token ids of an environment's reply, appended to an episode after a model turn.
+
+    Plain: the text's ids, no special tokens (as a completion's). With ``chat_template`` the
+    reply is a user message followed by the generation prompt, rendered by the tokenizer's
+    template (a leading bos dropped: the episode already began), so the model's next turn opens
+    as an assistant message does.
+    """
+    if not chat_template:
+        return encode_text(tok, text) if text else []
+    ids = list(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                       add_generation_prompt=True, return_dict=False))
+    if tok.bos_token_id is not None and ids[:1] == [tok.bos_token_id]:
+        ids = ids[1:]
+    return ids
 
 
 #: Set on a tokenizer once :func:`set_prompt_rule` has configured it (checked, not re-done).

@@ -171,7 +171,9 @@ def decode_attention(q: jax.Array, pk: jax.Array, pv: jax.Array, prefix_mask: ja
     M = gk.shape[-1]
     prefix_mask = prefix_mask[:, prefix_mask.shape[1] - Lp:]
     if window is None:
-        gen_ok = jnp.arange(M) <= t
+        # t is one step for every row, or [R] (multi-turn episodes: each row at its own step).
+        gen_ok = (jnp.arange(M) <= t if t.ndim == 0
+                  else (jnp.arange(M)[None] <= t[:, None])[:, None, None, :])
     else:
         prefix_mask = prefix_mask & (Lp - jnp.arange(Lp) + t < window)[None]
         step = t - (t - jnp.arange(M)) % M  # the step ring slot r holds (negative: none yet)
@@ -198,17 +200,27 @@ def decode_step(cfg: ModelConfig, w: DecodeWeights, tokens: jax.Array, positions
     """Feeds tokens [R] at positions [R] into generated slot t; returns (logits [R, V] f32, gen).
 
     Each layer writes its new key/value into its own buffers in place, then attends over the
-    row's prompt prefix (prefix_mask) and generated slots [0, t].
+    row's prompt prefix (prefix_mask) and generated slots [0, t]. `t` is a scalar (every row at
+    the same step) or int32 [R], each row's own slot (multi-turn episodes, whose rows advance
+    apart; global-attention models only: a sliding layer's window is per step).
     """
     R = tokens.shape[0]
+    t = jnp.asarray(t)
+    if t.ndim and any(cfg.sliding_layers):
+        raise ValueError("decode_step: per-row slots need a model without sliding-window layers")
+    rows = jnp.arange(R)
     inv_freqs = layer_inv_frequencies(cfg)  # host constants: the layer loop is unrolled
     x = embed_tokens(cfg, w.embed, tokens)  # [R, H]
     gk, gv = list(gen.k), list(gen.v)
     for i, (p, local) in enumerate(zip(w.layers, cfg.sliding_layers, strict=True)):
         q, k, v = project_qkv(cfg, p, x, positions[:, None], inv_freqs[i], R, 1)
-        slot = t % gk[i].shape[-1] if local else t  # a sliding layer's ring
-        gk[i] = jax.lax.dynamic_update_slice(gk[i], jnp.swapaxes(k, -1, -2), (0, 0, 0, slot))
-        gv[i] = jax.lax.dynamic_update_slice(gv[i], v, (0, 0, slot, 0))
+        if t.ndim:  # per-row slots: a scatter, one [K, D] write per row
+            gk[i] = gk[i].at[rows, :, :, t].set(k[:, :, 0, :].astype(gk[i].dtype))
+            gv[i] = gv[i].at[rows, :, t, :].set(v[:, :, 0, :].astype(gv[i].dtype))
+        else:
+            slot = t % gk[i].shape[-1] if local else t  # a sliding layer's ring
+            gk[i] = jax.lax.dynamic_update_slice(gk[i], jnp.swapaxes(k, -1, -2), (0, 0, 0, slot))
+            gv[i] = jax.lax.dynamic_update_slice(gv[i], v, (0, 0, slot, 0))
         attn = decode_attention(q[:, 0], prefix.k[i], prefix.v[i], prefix_mask, gk[i], gv[i],
                                 t, group, cfg.attn_scale, cfg.attn_logit_softcapping,
                                 cfg.sliding_window if local else None)

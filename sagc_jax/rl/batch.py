@@ -27,12 +27,15 @@ from sagc_jax.rl.packing import pack_chunks, plan_packing, split_chunks
 # (`rl.packing`); `ref_logprobs` / `entropy` are zeros here, filled on device by the reference
 # pass (`algo.beta > 0`) and the entropy pass (`top_entropy_quantile < 1`: the threshold is a
 # full-batch quantile, so it must be known before any chunk's gradient).
+# `loss_mask`: False on completion tokens the loss never scores (an environment's replies in a
+# multi-turn episode); they stay in the sequence as context.
 SEQ_FIELDS = {
     "lengths": 1, "loss_rows": 1, "old_logprobs": 2, "ref_logprobs": 2, "rewards": 1,
     "group_ids": 1, "valid": 1, "chunk": 1, "row": 1, "hstart": 1, "entropy": 2,
+    "loss_mask": 2,
 }
 SEQ_FLOAT = ("old_logprobs", "ref_logprobs", "rewards", "entropy")
-SEQ_BOOL = ("loss_rows", "valid")
+SEQ_BOOL = ("loss_rows", "valid", "loss_mask")
 # Packed arrays of one chunk, int32 [chunk rows, pack_len]; `head_slots` / `head_targets`:
 # [chunk rows, N], each row's scored slots and the tokens they score (`rl.packing`).
 CHUNK_FIELDS = ("tokens", "positions", "segment_ids", "branch_ids", "head_slots", "head_targets")
@@ -82,10 +85,12 @@ def make_batch(ro: Any, spec: LayoutSpec, hosts: Hosts | None = None) -> TrainBa
     """The train batch of rollout `ro` (a `rollout.Rollout`, this process's rows).
 
     Loss rows: valid (kept groups), scored by some reward function and, with `mask_truncated`,
-    not truncated; only those are placed. A row every reward function scored None carries a NaN
-    reward, which the step reads as "out of the advantages' statistics". Group ids are global
-    (this process's rows start at `ro.row_offset`). With several processes the chunk count is
-    the largest any process needs (one gather of an int).
+    not truncated; only those are placed. A multi-turn rollout's `env_mask` becomes the
+    per-token `loss_mask` (its environment tokens are placed but never scored). A row every
+    reward function scored None carries a NaN reward, which the step reads as "out of the
+    advantages' statistics". Group ids are global (this process's rows start at
+    `ro.row_offset`). With several processes the chunk count is the largest any process needs
+    (one gather of an int).
     """
     hosts = hosts or Hosts()
     g, rows = ro.group_size, len(ro.lengths)
@@ -124,5 +129,9 @@ def make_batch(ro: Any, spec: LayoutSpec, hosts: Hosts | None = None) -> TrainBa
             "chunk": np.full(local, -1, np.int32), "row": padded(split.row, np.int32),
             "hstart": padded(plan.hstart, np.int32)}
     seqs["chunk"][:rows] = split.chunk
+    seqs["loss_mask"] = np.ones((local, n), bool)
+    env = getattr(ro, "env_mask", None)
+    if env is not None:  # environment tokens: packed as context, masked out of the loss
+        seqs["loss_mask"][:rows] = ~np.asarray(env, bool)[:, :n]
     return TrainBatch(chunks, seqs, split.sizes, plan.real_tokens,
                       split.computed_tokens(spec.pack_len))

@@ -55,6 +55,7 @@ __all__ = [
     "RewardFn",
     "RewardResult",
     "build_reward_fns",
+    "call_with_timeout",
     "compute_rewards",
     "exact_answer_reward",
     "extract_final_answer",
@@ -62,6 +63,7 @@ __all__ = [
     "format_reward",
     "gsm8k_reward",
     "normalize_number",
+    "resolve_named",
     "resolve_reward",
     "score_groups",
     "with_timeout",
@@ -100,32 +102,44 @@ def resolve_reward(name: str) -> RewardCallable:
       RewardNameError: unknown built-in (lists them), unimportable module, missing or
         non-callable attribute — each message names what was asked for.
     """
+    return resolve_named(name, BUILTIN_REWARDS, kind="reward", error=RewardNameError)
+
+
+def resolve_named(name: str, builtins: Mapping[str, Any], *, kind: str,
+                  error: type[ValueError], form: str = "package.module:function") -> Any:
+    """A callable from a built-in name (a key of `builtins`) or ``"package.module:attr"``: the
+    one name lookup of the config's plug-ins (rewards here, environments in `sagc_jax.envs`).
+
+    `kind` names the plug-in in messages ("reward", "env"), `form` its spelled-out name;
+    `error` is raised, with one line
+    naming what was asked for: an unknown built-in (listing them), an unimportable module, a
+    missing or non-callable attribute.
+    """
     if not isinstance(name, str) or not name:
-        raise RewardNameError(f"reward name must be a non-empty string, got {name!r}")
-    if name in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[name]
+        raise error(f"{kind} name must be a non-empty string, got {name!r}")
+    if name in builtins:
+        return builtins[name]
     if ":" not in name:
-        raise RewardNameError(
-            f"unknown reward {name!r}; built-ins: {', '.join(sorted(BUILTIN_REWARDS))} "
-            "(or use 'package.module:function')"
+        raise error(
+            f"unknown {kind} {name!r}; built-ins: {', '.join(sorted(builtins))} "
+            f"(or use '{form}')"
         )
     mod_name, _, attr = name.partition(":")
     if not mod_name or not attr:
-        raise RewardNameError(f"reward {name!r}: expected 'package.module:function'")
-    module = _import_reward_module(name, mod_name)
+        raise error(f"{kind} {name!r}: expected '{form}'")
+    module = _import_module(name, mod_name, kind, error)
     fn: Any = module
     for part in attr.split("."):
         if not hasattr(fn, part):
-            raise RewardNameError(
-                f"reward {name!r}: module {mod_name!r} has no attribute {attr!r}")
+            raise error(f"{kind} {name!r}: module {mod_name!r} has no attribute {attr!r}")
         fn = getattr(fn, part)
     if not callable(fn):
-        raise RewardNameError(f"reward {name!r}: {attr!r} is not callable")
+        raise error(f"{kind} {name!r}: {attr!r} is not callable")
     return fn
 
 
-def _import_reward_module(name: str, mod_name: str) -> Any:
-    """Imports a reward's module; a module in the current directory is found too (as with
+def _import_module(name: str, mod_name: str, kind: str, error: type[ValueError]) -> Any:
+    """Imports a plug-in's module; a module in the current directory is found too (as with
     `python -m`), also when running the installed `sagc-jax` script, whose sys.path lacks it."""
     cwd = os.getcwd()
     top = mod_name.split(".")[0]
@@ -134,17 +148,17 @@ def _import_reward_module(name: str, mod_name: str) -> Any:
             return importlib.import_module(mod_name)
         except ModuleNotFoundError as exc:
             if exc.name != top:  # the module exists but imports something missing
-                raise RewardNameError(f"reward {name!r}: cannot import module {mod_name!r}: "
-                                      f"{exc}") from None
+                raise error(f"{kind} {name!r}: cannot import module {mod_name!r}: "
+                            f"{exc}") from None
             if attempt or cwd in sys.path or "" in sys.path:
                 break
             sys.path.append(cwd)
         except Exception as exc:
-            raise RewardNameError(f"reward {name!r}: importing module {mod_name!r} failed: "
-                                  f"{type(exc).__name__}: {exc}") from None
-    raise RewardNameError(f"reward {name!r}: cannot import module {mod_name!r}: no module "
-                          f"{top!r} in the current directory ({cwd}) or on the Python path "
-                          "(set PYTHONPATH to its directory)")
+            raise error(f"{kind} {name!r}: importing module {mod_name!r} failed: "
+                        f"{type(exc).__name__}: {exc}") from None
+    raise error(f"{kind} {name!r}: cannot import module {mod_name!r}: no module "
+                f"{top!r} in the current directory ({cwd}) or on the Python path "
+                "(set PYTHONPATH to its directory)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,30 +265,38 @@ class RewardTimeout(Exception):
     """A reward call that did not return within its `timeout_s` (it was abandoned)."""
 
 
-def _call(rf: RewardFn, prompts: list[str], completions: list[str], columns: dict) -> Any:
-    """``rf.fn(...)``; with ``rf.timeout_s``, in a daemon thread waited for that long (raises
-    RewardTimeout; the thread is left running: see the module docstring)."""
-    if rf.timeout_s is None:
-        return rf.fn(prompts, completions, **columns)
+def call_with_timeout(call: Callable[[], Any], timeout_s: float | None, *, thread_name: str,
+                      setting: str = "reward_timeout_s") -> Any:
+    """``call()``; with `timeout_s`, in a daemon thread waited for that long (raises
+    RewardTimeout naming `setting`; the thread is left running: see the module docstring).
+    Rewards and environments (`sagc_jax.envs`) share it."""
+    if timeout_s is None:
+        return call()
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            box["out"] = rf.fn(prompts, completions, **columns)
+            box["out"] = call()
         except BaseException as exc:  # handed to the caller's thread, raised there
             box["exc"] = exc
 
     # A daemon thread, not an executor: executor threads are joined at exit, so an abandoned
     # call would hang the process's shutdown.
-    t = threading.Thread(target=work, name=f"reward-{rf.name}", daemon=True)
+    t = threading.Thread(target=work, name=thread_name, daemon=True)
     t.start()
-    t.join(rf.timeout_s)
+    t.join(timeout_s)
     if t.is_alive():
-        raise RewardTimeout(f"did not return within {rf.timeout_s:g} s (reward_timeout_s; the "
+        raise RewardTimeout(f"did not return within {timeout_s:g} s ({setting}; the "
                             "call was abandoned)")
     if "exc" in box:
         raise box["exc"]
     return box["out"]
+
+
+def _call(rf: RewardFn, prompts: list[str], completions: list[str], columns: dict) -> Any:
+    """``rf.fn(...)`` within ``rf.timeout_s`` (`call_with_timeout`)."""
+    return call_with_timeout(lambda: rf.fn(prompts, completions, **columns), rf.timeout_s,
+                             thread_name=f"reward-{rf.name}")
 
 
 def _check_values(rf: RewardFn, out: Any, n: int) -> tuple[np.ndarray, list[tuple[int, str]]]:

@@ -144,11 +144,14 @@ def layout_logprobs(graphdef: nnx.GraphDef, params: Any, chunk: dict[str, jax.Ar
 def _scored_mask_and_norms(seqs: dict[str, jax.Array]
                            ) -> tuple[jax.Array, jax.Array, LossNorms]:
     """(scored rows [S], full-batch loss mask [S, N], its normalisers): rows with a NaN reward
-    (unscored) are out of the loss and of the Dr. GRPO row count."""
+    (unscored) are out of the loss and of the Dr. GRPO row count; tokens off `loss_mask` (an
+    environment's, in multi-turn episodes) are out of the loss and of its token counts."""
     n = seqs["old_logprobs"].shape[1]
     scored = scored_rows(seqs["rewards"], seqs["valid"])
     rows = seqs["loss_rows"] & scored
     mask = completion_mask(seqs["lengths"], rows, n)
+    if "loss_mask" in seqs:
+        mask = mask & seqs["loss_mask"]
     return scored, mask, loss_norms(mask, scored.sum())
 
 

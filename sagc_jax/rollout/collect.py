@@ -127,6 +127,9 @@ class Rollout:
     row_offset: int = 0  # global index of this process's first row (multi-process)
     # [R] False where every reward function returned None (not applicable); None = all scored.
     scored: np.ndarray | None = None
+    # [R, N] True on an environment's tokens (multi-turn episodes, `rollout.episodes`): context
+    # the loss never scores. None = every completion token is the model's.
+    env_mask: np.ndarray | None = None
 
     @property
     def prompt_len(self) -> int:

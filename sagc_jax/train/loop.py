@@ -38,6 +38,7 @@ from sagc_jax.models.lora import checkpointed
 from sagc_jax.open_run import with_frozen_base
 from sagc_jax.rl.batch import make_batch
 from sagc_jax.rollout import collect, global_view, rollout_key
+from sagc_jax.rollout.episodes import collect_episodes, episode_accuracy
 from sagc_jax.runlock import RunLock
 from sagc_jax.sagc.controller import copy_state
 from sagc_jax.sagc.observation import observation_from
@@ -225,6 +226,12 @@ def warm_up(run: Run, state: RunState, check: Callable[[str], None] = _no_stop) 
 def eval_greedy(run: Run, params: Any) -> float:
     """Greedy held-out accuracy (first reward fn >= 0.5) with `params`."""
     assert run.eval is not None
+    if run.episodes is not None:
+        return episode_accuracy(
+            run.eval.sampler, run.episodes, run.tokenizer, run.eval.examples, run.reward_fns,
+            params=params, key=rollout_key(run.cfg.run.seed, 0, 0),
+            max_new_tokens=run.cfg.sampling.max_new_tokens,
+            chat_template=run.cfg.data.chat_template, on_error=run.cfg.reward_on_error)
     return greedy_accuracy(run.eval.sampler, run.tokenizer, run.eval.examples, run.reward_fns,
                            params=params, key=rollout_key(run.cfg.run.seed, 0, 0),
                            chat_template=run.cfg.data.chat_template,
@@ -255,9 +262,15 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
         g = int(hosts.agree(np.int32(g))) if not hosts.single else g
     num_prompts = run.plan.prompts_per_g[g]
     t0 = time.perf_counter()
-    ro = collect(run.sampler, run.prompts, g, run.reward_fns, step=step,
-                 num_prompts=num_prompts, params=state.params, tokenizer=run.tokenizer,
-                 settings=run.collect_settings, hosts=hosts)
+    if run.episodes is not None:
+        ro = collect_episodes(run.sampler, run.prompts, g, run.reward_fns, step=step,
+                              num_prompts=num_prompts, params=state.params,
+                              tokenizer=run.tokenizer, settings=run.collect_settings,
+                              episodes=run.episodes)
+    else:
+        ro = collect(run.sampler, run.prompts, g, run.reward_fns, step=step,
+                     num_prompts=num_prompts, params=state.params, tokenizer=run.tokenizer,
+                     settings=run.collect_settings, hosts=hosts)
     rollout_s = time.perf_counter() - t0
     gv, plen = global_view(ro, hosts)
     batch = make_batch(ro, run.layout, hosts)
@@ -293,6 +306,11 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
     return new, row
 
 
+#: Multi-turn rollouts' metrics (`rollout.episodes.play`): model turns per episode, the
+#: environment's share of the episodes' tokens, its mean return and its seconds.
+_EPISODE_KEYS = ("episode_turns", "env_token_frac", "env_return_mean", "env_s")
+
+
 def metrics_row(run: Run, step: int, ro: Any, m: dict[str, float], sagc_m: dict[str, Any],
                 prompt_len: int, completion_len: int) -> dict[str, Any]:
     """The metrics.jsonl row of a step from its global rollout `ro` (timings added by caller)."""
@@ -316,6 +334,7 @@ def metrics_row(run: Run, step: int, ro: Any, m: dict[str, float], sagc_m: dict[
         **sagc_m,
         "prefill_s": ro.stats["prefill_s"], "decode_s": ro.stats["decode_s"],
         "reward_s": ro.stats["reward_s"],
+        **{k: ro.stats[k] for k in _EPISODE_KEYS if k in ro.stats},
     }
 
 

@@ -21,7 +21,7 @@ from sagc_jax.config import Config, ConfigError
 from sagc_jax.data.columns import required_columns
 from sagc_jax.data.lengths import check_prompt_lengths
 from sagc_jax.data.pipeline import load_examples, make_prompt_iterator
-from sagc_jax.data.tokenizer import load_run_tokenizer, stop_ids
+from sagc_jax.data.tokenizer import encode_text, load_run_tokenizer, stop_ids
 from sagc_jax.hosts import Hosts
 from sagc_jax.metrics import RunWriter
 from sagc_jax.models.build import build_model
@@ -33,8 +33,10 @@ from sagc_jax.parallel import make_mesh_from_config
 from sagc_jax.rl.batch import LayoutSpec
 from sagc_jax.rl.rewards import RewardFn, build_reward_fns, with_timeout
 from sagc_jax.rollout import CollectSettings, PromptStream
+from sagc_jax.rollout.episodes import EpisodeSettings
 from sagc_jax.sagc import make_policy
 from sagc_jax.sampling import Sampler, SamplingConfig
+from sagc_jax.sampling.turns import TurnSampler
 from sagc_jax.shapes import ShapePlan
 from sagc_jax.train.learner import Learner, loss_settings
 from sagc_jax.train.state import RunState, init_opt_state
@@ -75,6 +77,7 @@ class Run:
     prompts: PromptStream
     train_examples: Any
     collect_settings: CollectSettings
+    episodes: EpisodeSettings | None  # the `env:` section's episodes; None = single-turn
     eval: EvalSet | None
     ckpt: ckpt.RunCheckpointer
     writer: RunWriter
@@ -151,12 +154,25 @@ def _eval_examples(cfg: Config, hosts: Hosts, tokenizer: Any,
     return examples
 
 
+def _sampler(cfg: Config, config: SamplingConfig, blueprint: Any, tokenizer: Any, pad_id: int,
+             eos: list[int], mesh: Any, episodes: EpisodeSettings | None) -> Sampler:
+    """The run's sampler for `config`: a `TurnSampler` (episodes, its stop strings as token ids)
+    when the run has an environment."""
+    if episodes is None:
+        return Sampler(blueprint, config=config, pad_id=pad_id, eos_ids=eos, mesh=mesh)
+    assert cfg.env is not None
+    return TurnSampler(blueprint, config, pad_id=pad_id, eos_ids=eos,
+                       stop_ids=[encode_text(tokenizer, s) for s in episodes.spec.stop],
+                       reply_width=cfg.env.max_reply_tokens, mesh=mesh)
+
+
 def _eval_set(cfg: Config, plan: ShapePlan, examples: list[dict[str, Any]] | None,
-              blueprint: Any, pad_id: int, eos: list[int], mesh: Any) -> EvalSet | None:
+              blueprint: Any, tokenizer: Any, pad_id: int, eos: list[int], mesh: Any,
+              episodes: EpisodeSettings | None) -> EvalSet | None:
     if examples is None:
         return None
-    sampler = Sampler(blueprint, config=SamplingConfig.for_eval(plan, cfg.sampling), pad_id=pad_id,
-                      eos_ids=eos, mesh=mesh)
+    sampler = _sampler(cfg, SamplingConfig.for_eval(plan, cfg.sampling), blueprint, tokenizer,
+                       pad_id, eos, mesh, episodes)
     return EvalSet(examples, sampler)
 
 
@@ -168,20 +184,23 @@ class RunInputs:
     reward_fns: list[RewardFn]
     train_examples: Any
     eval_examples: list[dict[str, Any]] | None
+    episodes: EpisodeSettings | None
 
 
 def check_inputs(cfg: Config, hosts: Hosts | None = None) -> RunInputs:
     """The input checks, before the model is built or anything compiled: tokenizer vs model
-    file, reward names, the columns the warm start and rewards read, the task's options, every
-    prompt's length. Raises the CLI's exit-2 errors (one line naming key, file or row)."""
+    file, reward and environment names, the columns the warm start and rewards read, the task's
+    options, every prompt's length. Raises the CLI's exit-2 errors (one line naming key, file
+    or row)."""
     hosts = hosts or Hosts.current()
     tokenizer = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)
     reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
+    episodes = EpisodeSettings.from_config(cfg) if cfg.env is not None else None
     train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed,
                                    required=required_columns(cfg, reward_fns, "train"))
     _check_lengths(cfg, train_examples, tokenizer, "train")
     return RunInputs(tokenizer, reward_fns, train_examples,
-                     _eval_examples(cfg, hosts, tokenizer, reward_fns))
+                     _eval_examples(cfg, hosts, tokenizer, reward_fns), episodes)
 
 
 def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
@@ -193,6 +212,9 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     if not hosts.single and cfg.algo.dynamic_sampling:
         raise ValueError("algo.dynamic_sampling is single-process only (its refill rounds "
                          f"would differ per host); got {hosts.count} processes")
+    if not hosts.single and cfg.env is not None:
+        raise ValueError(f"env: multi-turn episodes are single-process only; got {hosts.count} "
+                         "processes")
     mesh = make_mesh_from_config(cfg.mesh)
     plan = ShapePlan.from_config(cfg, batch_ways=mesh.shape["data"] * mesh.shape["fsdp"],
                                  num_processes=hosts.count)
@@ -228,8 +250,9 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
                         share_prompts=train.share_prompts, pad_id=pad_id,
                         mask_truncated=cfg.algo.mask_truncated)
     blueprint = _blueprint(graphdef, params)
-    sampler = Sampler(blueprint, config=SamplingConfig.from_plan(plan, cfg.sampling),
-                      pad_id=pad_id, eos_ids=eos, mesh=mesh)
+    episodes = inputs.episodes
+    sampler = _sampler(cfg, SamplingConfig.from_plan(plan, cfg.sampling), blueprint, tokenizer,
+                       pad_id, eos, mesh, episodes)
     return Run(
         cfg=cfg, hosts=hosts, mesh=mesh, plan=plan, tokenizer=tokenizer, pad_id=pad_id,
         model_cfg=model_cfg, graphdef=graphdef, param_shardings=param_shardings,
@@ -238,7 +261,9 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
         reward_fns=reward_fns, sampler=sampler,
         prompts=_prompt_stream(cfg, plan, hosts, train_examples, tokenizer),
         train_examples=train_examples, collect_settings=CollectSettings.from_config(cfg, pad_id),
-        eval=_eval_set(cfg, plan, eval_examples, blueprint, pad_id, eos, mesh),
+        episodes=episodes,
+        eval=_eval_set(cfg, plan, eval_examples, blueprint, tokenizer, pad_id, eos, mesh,
+                       episodes),
         ckpt=checkpointer,
         writer=RunWriter(run_dir, enabled=hosts.is_main),
         progress=cfg.run.progress if progress is None else progress, run_dir=run_dir)

@@ -1,0 +1,302 @@
+"""Multi-turn episodes (issue 53): the environment API and its errors, KV-cache continuation ==
+the whole sequence run at once, no compile after warm-up while turn counts and G change,
+environment tokens out of the loss, and `sagc-jax train` on the tool config with a user's env.
+
+One tiny random model and one `TurnSampler` (packaged char tokenizer) serve the module.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import types
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from reference_step import rollout
+
+from sagc_jax.cli import main
+from sagc_jax.config import ConfigError, config_from_dict
+from sagc_jax.data.tokenizer import encode_prompt, encode_reply, encode_text, load_tokenizer
+from sagc_jax.envs import Calculator, EnvError, EnvNameError, EnvSpec, evaluate, resolve_env
+from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.sharding import state_shardings
+from sagc_jax.parallel import make_mesh
+from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.train_step import LossSettings
+from sagc_jax.rollout.episodes import EpisodeSettings, play
+from sagc_jax.sampling import SamplingConfig, compile_count
+from sagc_jax.sampling.turns import TurnSampler
+from sagc_jax.train.learner import Learner
+from sagc_jax.train.state import RunState, init_opt_state
+from sagc_jax.train.steps import CompiledSteps
+
+TOOL_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu_tool.yaml")
+N_NEW = 40
+
+
+# ---- environments a user would write (named 'test_episodes:...' in configs) -----------------
+
+
+class Chatter:
+    """Replies 'ok' to every turn and ends after 1 + (example's `k`) turns; the reward of each
+    step is its turn number, so `env.reward: sum` and `final` differ."""
+
+    stop = tuple("abcdefghij")  # frequent characters: a random model's turns end quickly
+
+    def __init__(self, reply: str = "ok"):
+        self.reply, self.turn, self.k = reply, 0, 0
+
+    def reset(self, example):
+        self.k = int(example.get("k", 0))
+        return ""
+
+    def step(self, action):
+        self.turn += 1
+        return self.reply, float(self.turn), self.turn > self.k
+
+
+class ScoredCalc(Calculator):
+    """The built-in calculator, subclassed: what `train` loads by 'test_episodes:ScoredCalc'."""
+
+
+class Raises(Calculator):
+    def step(self, action):
+        raise KeyError("boom")
+
+
+class Slow(Calculator):
+    def step(self, action):
+        time.sleep(2)
+        return super().step(action)
+
+
+class BadReturn(Calculator):
+    def step(self, action):
+        return 3
+
+
+# ---- the environment API and its errors (no model) -------------------------------------------
+
+
+def test_calculator_evaluates_safely():
+    env = Calculator()
+    assert env.step("<calc>7+5-3*2</calc>") == ("=6\n", 0.0, False)
+    assert env.step("12*7=84\n#### 84") == ("", 0.0, True)  # an answer ends the episode
+    assert [evaluate(e) for e in ("7/2", "1/0", "__import__('os')", "2**99", "(1+2)*-3")] == [
+        "3.5", "error", "error", "error", "-9"]
+
+
+def test_replies_are_tokenised_plain_or_with_the_chat_template():
+    tok = load_tokenizer()
+    assert encode_reply(tok, "=17\n") == encode_text(tok, "=17\n")
+    chat = encode_reply(tok, "=17", chat_template=True)
+    assert chat[0] != tok.bos_token_id  # the episode already began
+    assert tok.decode(chat) == "user: =17\nassistant: "
+
+
+def _spec(name: str, timeout_s: float | None = None) -> EnvSpec:
+    cfg = config_from_dict({"env": {"name": name, "timeout_s": timeout_s}})
+    return EnvSpec.from_config(cfg.env)
+
+
+def test_env_section_rules():
+    with pytest.raises(ConfigError, match=r"^unknown key 'env.max_turn' \(did you mean "):
+        config_from_dict({"env": {"name": "calculator", "max_turn": 2}})
+    with pytest.raises(ConfigError, match=r"algo\.dynamic_sampling: does not refill multi-turn"):
+        config_from_dict({"env": {"name": "calculator"}, "algo": {"dynamic_sampling": True}})
+    assert config_from_dict({}).env is None
+
+
+def test_env_names_resolve_like_rewards():
+    assert resolve_env("calculator") is Calculator
+    assert _spec("test_episodes:ScoredCalc").stop == ("</calc>",)  # the class's own stop
+    with pytest.raises(EnvNameError, match=r"^unknown env 'nope'; built-ins: calculator "):
+        resolve_env("nope")
+    with pytest.raises(EnvNameError, match="env 'no_such_mod:X': cannot import module"):
+        resolve_env("no_such_mod:X")
+    with pytest.raises(EnvNameError, match="has no attribute 'Nope'"):
+        resolve_env("test_episodes:Nope")
+
+
+@pytest.mark.parametrize("name,timeout,match", [
+    ("Raises", None, r"\(step of turn 1\): raised KeyError: 'boom'$"),
+    ("Slow", 0.1, r"\(step of turn 1\): did not return within 0.1 s \(env.timeout_s; "),
+    ("BadReturn", None, r"\(step of turn 1\): returned 3, expected \(observation, reward, done\)"),
+])
+def test_a_failing_env_is_one_line_naming_it(name, timeout, match):
+    spec = _spec(f"test_episodes:{name}", timeout)
+    with pytest.raises(EnvError, match=rf"^env 'test_episodes:{name}' failed on example 3 {match}"
+                       ) as e:
+        spec.step(spec.make(3), "<calc>1+1</calc>", 3, 1)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_env_name_exits_2_in_one_line(tmp_path, capsys):
+    code = main(["train", "--config", TOOL_CONFIG, f"run.dir={tmp_path / 'r'}",
+                 "env.name=test_episodes:Nope"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2
+    assert len(err) == 1 and "env 'test_episodes:Nope'" in err[0], err
+
+
+# ---- sampling: continuation == re-prefill, no compile after warm-up --------------------------
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = load_tokenizer()
+    cfg = ModelConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    sc = SamplingConfig(group_sizes=(2, 4), prompts_per_step=2, prompt_buckets=(16,),
+                        max_new_tokens=N_NEW, decode_chunk=8)
+    spec = _spec("test_episodes:Chatter")
+    sampler = TurnSampler(model, sc, pad_id=tok.pad_token_id, eos_ids=(tok.eos_token_id,),
+                          stop_ids=[encode_text(tok, s) for s in spec.stop], reply_width=4)
+    sampler.compile_all(progress=False)
+    return types.SimpleNamespace(tok=tok, model=model, sampler=sampler, spec=spec)
+
+
+def _examples(tok, ks):
+    return [{"prompt": f"{k}+{k}=", "k": k, "prompt_ids": encode_prompt(tok, f"{k}+{k}=")}
+            for k in ks]
+
+
+def _play(s, ks, g, reward="final", key=0):
+    settings = EpisodeSettings(s.spec, max_turns=4, reward=reward)
+    return play(s.sampler, settings, _examples(s.tok, ks), g, tokenizer=s.tok,
+                key=jax.random.key(key), params=None, max_new_tokens=N_NEW)
+
+
+def test_continuation_from_the_cache_equals_the_whole_sequence(setup):
+    """Every model token's log-prob (the full softmax of its logits) after turns and replies
+    fed into the KV cache equals the whole sequence's forward pass."""
+    out = _play(setup, [2, 1], g=2)
+    assert out.env_mask.any() and (out.turns > 1).any()  # some episodes had replies
+    for r in range(4):
+        prompt = _examples(setup.tok, [2, 1])[r // 2]["prompt_ids"]
+        n = int(out.lengths[r])
+        seq = jnp.asarray([prompt + out.tokens[r, :n].tolist()])
+        logp = jax.nn.log_softmax(setup.model(seq)[0].astype(jnp.float32), -1)
+        want = np.asarray(logp[len(prompt) - 1 + np.arange(n), out.tokens[r, :n]])
+        model_tok = ~out.env_mask[r, :n]
+        np.testing.assert_allclose(out.logprobs[r, :n][model_tok], want[model_tok], atol=1e-5)
+        assert (out.logprobs[r, :n][~model_tok] == 0).all()
+
+
+def test_continued_logits_equal_a_fresh_prefill(setup):
+    """After a turn, a reply fed into the cache and a second turn, each row's next-token logits
+    (the state the next turn starts from) equal the last logits of the whole sequence's
+    forward pass (prompt + every turn + the reply)."""
+    s = setup
+    prompts = [e["prompt_ids"] for e in _examples(s.tok, [2, 1])]
+    ep = s.sampler.begin(prompts, group_size=2, key=jax.random.key(5))
+    first = s.sampler.turn(ep, live=np.ones(4, bool), replies=[[]] * 4, max_new_tokens=N_NEW)
+    reply = encode_text(s.tok, "ok")
+    s.sampler.turn(ep, live=~first.full, replies=[reply] * 4, max_new_tokens=N_NEW)
+    tokens, _, env, lengths = s.sampler.outputs(ep, N_NEW)
+    assert env.any()
+    logits = np.asarray(ep.state.logits)
+    for r in range(4):
+        seq = jnp.asarray([prompts[r // 2] + tokens[r, :lengths[r]].tolist()])
+        want = np.asarray(s.model(seq)[0, -1], np.float32)
+        np.testing.assert_allclose(logits[r], want, atol=1e-5)
+
+
+def test_episode_rules_and_rewards(setup):
+    out = _play(setup, [0, 2], g=2, reward="sum")
+    turns = out.turns.reshape(2, 2)
+    # k = 0: one turn; k = 2: three turns unless the token budget ran out first.
+    assert (turns[0] == 1).all() and ((turns[1] == 3) | out.truncated[2:]).all()
+    np.testing.assert_array_equal(out.env_return[:2], [1.0, 1.0])
+    final = _play(setup, [0, 2], g=2, reward="final")
+    full = ~final.truncated[2:]
+    assert (final.env_return[2:][full] == 3.0).all()
+    ok = encode_text(setup.tok, "ok")
+    for r in range(4):
+        n = int(out.lengths[r])
+        env_tok = out.tokens[r, :n][out.env_mask[r, :n]].tolist()
+        assert env_tok == (ok * (int(out.turns[r]) - 1))[:len(env_tok)]
+
+
+def test_no_compile_after_warm_up_while_turns_and_g_change(setup):
+    before = compile_count()
+    for i, (g, ks) in enumerate([(2, [0, 3]), (4, [1]), (2, [2, 2]), (4, [0, 1])]):
+        out = _play(setup, ks, g=g, key=i)
+        assert out.turns.max() >= 1
+    assert compile_count() == before
+
+
+# ---- training: environment tokens never reach the loss ---------------------------------------
+
+P, G, LP, N, PACK_LEN = 4, 4, 8, 8, 16
+
+
+def _update(steps, params, opt, ro):
+    """(loss, params after one SGD(1) step) of the trainer's update of rollout `ro`."""
+    p = jax.device_put(jax.tree.map(np.asarray, params), steps.param_shardings)
+    o = opt.init(p)
+    spec = LayoutSpec(seqs=P * G, completion_len=N, pack_len=PACK_LEN, chunk_sizes=(2,))
+    learner = Learner(steps, beta=0.0, num_iterations=1)
+    state, m = learner.update(RunState(p, o), make_batch(ro, spec))
+    return m, state.params
+
+
+def test_environment_tokens_contribute_nothing_to_the_loss():
+    cfg = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    shard = state_shardings(params, mesh)
+    opt = optax.sgd(1.0)
+    _, o_shard = init_opt_state(opt, params, mesh)
+    steps = CompiledSteps(graphdef, opt, LossSettings(), mesh, shard, o_shard, num_groups=P,
+                          seqs=P * G, completion_len=N, pack_len=PACK_LEN, chunk_sizes=(2,))
+    ro = rollout(0, g=G, prompts=P, lp=LP, n=N, vocab=61, drop=(), truncate=False)
+    env = np.zeros((P * G, N), bool)
+    env[:, 2:5] = True  # three environment tokens inside every completion longer than 2
+    env &= np.arange(N)[None] < ro.lengths[:, None]
+    ro.env_mask = env
+    # The environment tokens' sampling log-probs perturbed: a loss that read them would move.
+    perturbed = types.SimpleNamespace(
+        **{**vars(ro), "logprobs": np.where(env, ro.logprobs + 1.0, ro.logprobs)})
+    m0, p0 = _update(steps, params, opt, ro)
+    m1, p1 = _update(steps, params, opt, perturbed)
+    assert m0["loss"] == pytest.approx(m1["loss"], abs=1e-7)
+    for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7)
+    real = ro.lengths[:, None] > np.arange(N)[None]
+    assert m0["loss_tokens"] == (real & ~env).sum()
+    # The same check with the mask broken (no env_mask: every token scored) fails.
+    m2, _ = _update(steps, params, opt, types.SimpleNamespace(**{**vars(ro), "env_mask": None}))
+    m3, _ = _update(steps, params, opt,
+                    types.SimpleNamespace(**{**vars(perturbed), "env_mask": None}))
+    assert abs(m2["loss"] - m3["loss"]) > 1e-3
+
+
+# ---- end to end: `sagc-jax train` on the tool config, a user's environment ------------------
+
+
+def test_train_on_the_tool_config_with_a_users_env(tmp_path):
+    """`sagc-jax train` on configs/tiny_cpu_tool.yaml, shrunk, with the environment named
+    'test_episodes:ScoredCalc' (a user's class): SFT, episodes, updates, an episode eval."""
+    run_dir = tmp_path / "run"
+    code = main([
+        "train", "--config", TOOL_CONFIG, f"run.dir={run_dir}", "run.steps=2",
+        "run.eval_every=2", "run.plots=false", "run.progress=false", "data.num_eval=4",
+        "data.prompts_per_step=2", "data.task_max_steps=3", "model.hidden_size=32",
+        "model.intermediate_size=64", "model.num_layers=1", "sampling.max_new_tokens=48",
+        "sagc.group_sizes=[2,4]", "sagc.initial_group_size=2", "init.sft_steps=4",
+        "init.sft_batch_size=8", "checkpoint.every=0", "env.name=test_episodes:ScoredCalc",
+        "env.reward=sum"])
+    assert code == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["compiles"] == 0 and r["episode_turns"] >= 1 for r in rows)
+    assert "eval_accuracy" in rows[-1]
