@@ -91,8 +91,10 @@ def chunk_row_bytes(pack_len: int, completion_len: int) -> int:
 
 
 def seq_row_bytes(completion_len: int) -> int:
-    """Bytes of one sequence's per-sequence arrays."""
-    return 3 * 4 * completion_len + 6 * 4 + 2
+    """Bytes of one sequence's per-sequence arrays (`rl.batch.SEQ_FIELDS`): three float32
+    [N] (old / reference logprobs, entropy), the bool [N] loss mask, six int32 / float32
+    scalars and two bools."""
+    return 3 * 4 * completion_len + completion_len + 6 * 4 + 2
 
 
 def per_device(rows: int, shards: int) -> int:
