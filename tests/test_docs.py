@@ -168,3 +168,22 @@ def test_main_job_figures_are_regenerated_from_the_committed_run() -> None:
                if ln.startswith("| main job"))
     assert f"reward {reward[0]} → **{reward[1]}**" in row, row
     assert f"held-out {held[0]} → **{held[1]}**" in row, row
+
+
+def test_tool_job_figures_are_regenerated_from_the_committed_run() -> None:
+    """docs/results/tiny_cpu_tool.md's tables and the README's tools row are what
+    `scripts/tool_job_figures.py` prints from the run's committed raw files."""
+    import re
+    import subprocess
+
+    out = subprocess.run([sys.executable, "scripts/tool_job_figures.py",
+                          "docs/results/tiny_cpu_tool"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+    page = (ROOT / "docs" / "results" / "tiny_cpu_tool.md").read_text()
+    for table in out.split("\n\n"):
+        assert table in page, table
+    sft, after = re.search(r"SFT warm start \| ([\d.]+) .*\n\| after \d+ GRPO steps \| "
+                           r"\*\*([\d.]+)\*\*", out).groups()
+    row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+               if ln.startswith("| tools"))
+    assert f"held-out with the tool {sft} → **{after}**" in row, row
