@@ -319,6 +319,7 @@ def _compare(argv: list[str]) -> int:
         print(f"{err} {e}", file=sys.stderr)
         return 2
     from sagc_jax.config import ConfigError
+    from sagc_jax.errors import Interrupted
     from sagc_jax.experiments import run_comparison
 
     try:
@@ -331,6 +332,14 @@ def _compare(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"{err} config: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # Ctrl-C / SIGTERM in a run: its checkpoint is saved, as in train
+        print(f"sagc-jax compare: {e}", file=sys.stderr)
+        if e.at_once:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + e.signum)  # see _train: nothing waits for an abandoned save
+        _silence_abandoned_saves()
+        return 128 + e.signum
     except (ValueError, OSError, RuntimeError) as e:  # incl. TrainingError
         print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
         return 1

@@ -1,6 +1,8 @@
 """The main job's figures (README "Results", docs/results/tiny_cpu.md) from one run's raw files.
 
     python scripts/main_job_figures.py docs/results/tiny_cpu
+    python scripts/main_job_figures.py docs/results/gemma3 --untrained \
+        docs/results/gemma3/eval_untrained.json --lengths      # the Gemma 3 270M run
 
 reads `<dir>/metrics.jsonl` and `<dir>/eval_initial.json` (what `sagc-jax train --config
 configs/tiny_cpu.yaml` writes in its run dir; the committed copies sit in docs/results/tiny_cpu)
@@ -32,7 +34,21 @@ def _path(sizes: list[int]) -> str:
     return " → ".join(map(str, seen))
 
 
-def figures(run_dir: Path) -> str:
+def _length_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """Mean completion length and the share at the cap, first and last 10 steps."""
+    def m(key: str, part: list[dict[str, Any]]) -> float:
+        return sum(r[key] for r in part) / len(part)
+    first, last = rows[:10], rows[-10:]
+    return [f"| mean completion length, tokens (10-step mean) | {m('len_mean', first):.1f} "
+            f"| {m('len_mean', last):.1f} |",
+            f"| completions at the length cap (10-step mean) | {m('truncated_frac', first):.3f} "
+            f"| {m('truncated_frac', last):.3f} |"]
+
+
+def figures(run_dir: Path, untrained: Path | None = None, lengths: bool = False) -> str:
+    """The page's table; `untrained`: an eval JSON (`sagc-jax eval --out`, or a run's
+    `eval_initial.json`) of the model before any training, shown as its own row; `lengths`:
+    rows for completion length and cap hits."""
     rows = _jsonl(run_dir / "metrics.jsonl")
     before = json.loads((run_dir / "eval_initial.json").read_text())["eval_accuracy"]
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
@@ -43,8 +59,13 @@ def figures(run_dir: Path) -> str:
     util = [r["train_token_util"] for r in rows if "train_token_util" in r]
     strag = [r["straggler_rate"] for r in rows]
     share = ", ".join(f"{v} at {g}" for g, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    head = [f"| | before GRPO | after {n} GRPO steps |", "|---|---|---|"]
+    if untrained is not None:
+        raw = json.loads(untrained.read_text())
+        acc = raw.get("eval_accuracy", raw.get("accuracy"))
+        head.append(f"| held-out greedy accuracy of the untrained model | {acc:.3f} | – |")
     return "\n".join([
-        f"| | before GRPO | after {n} GRPO steps |", "|---|---|---|",
+        *head,
         f"| training reward (10-step mean of sampled completions) | {sum(reward[:10]) / 10:.2f} "
         f"| **{sum(reward[-10:]) / 10:.2f}** |",
         f"| held-out greedy accuracy | {before:.3f} | **{evals[-1]:.3f}** "
@@ -55,13 +76,17 @@ def figures(run_dir: Path) -> str:
         f"| straggler rate (mean of the steps) | – | {sum(strag) / n:.3f} |",
         f"| train-step token utilisation (`train_token_util`, packed) | – | "
         f"{sum(util) / max(len(util), 1):.2f} |",
+        *(_length_rows(rows) if lengths else []),
     ])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path)
-    print(figures(p.parse_args().run_dir))
+    p.add_argument("--untrained", type=Path, help="eval JSON of the model before any training")
+    p.add_argument("--lengths", action="store_true", help="add completion-length rows")
+    a = p.parse_args()
+    print(figures(a.run_dir, a.untrained, a.lengths))
 
 
 if __name__ == "__main__":

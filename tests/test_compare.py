@@ -327,6 +327,24 @@ def test_compare_bad_input_fails_cleanly(tmp_path, capsys):
     assert "sagc.delta" in capsys.readouterr().err
 
 
+def test_compare_stopped_by_a_signal_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    """SIGTERM / Ctrl-C inside one of compare's runs (the run saved its checkpoint): one line
+    and 128 + signum, as `train` does, not the traceback it printed before."""
+    import signal
+
+    import sagc_jax.experiments as experiments
+    from sagc_jax.errors import Interrupted
+
+    def stopped(*a, **k):
+        raise Interrupted(signal.SIGTERM, "stopped by signal SIGTERM after step 3; ...")
+
+    monkeypatch.setattr(experiments, "run_comparison", stopped)
+    code = main(["compare", "--config", str(ROOT / "configs/compare_cpu.yaml"), "--out-dir",
+                 str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 143 and err == ["sagc-jax compare: stopped by signal SIGTERM after step 3; ..."]
+
+
 def test_init_seed_shares_one_warm_start_across_run_seeds():
     """`init.seed` fixes the warm start (model init + SFT fingerprint); `run.seed` then varies
     only the RL part. Without it every run seed has its own warm start."""
