@@ -86,6 +86,7 @@ def _train(argv: list[str]) -> int:
         if os.environ.get("SAGC_JAX_TRACEBACK"):
             raise
         print(f"sagc-jax train: error: {_train_error(e, cfg.run.dir)}", file=sys.stderr)
+        _silence_abandoned_saves()
         # A run dir removed or made read-only under the run is a runtime failure (1), though
         # the FileNotFoundError it raises would read as a missing input (2).
         runtime = _os_errno(e) in _STORAGE and cfg.run.dir in str(e)

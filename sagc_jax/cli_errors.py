@@ -136,12 +136,16 @@ def _quiet_library_tracebacks() -> None:
 
 
 def _silence_abandoned_saves() -> None:
-    """After an interrupted run's one line: a save abandoned by a second signal fails in
-    Orbax's threads as Python exits, in words that vary with the moment it is cut (executor
-    shut down, event loop closed...). The command has said what is kept, and the next run
-    ignores the partial step, so those threads' records are not printed."""
+    """After a stopped or failed run's one line: a save abandoned by a signal or a failed write
+    ends in Orbax's threads and coroutines as Python exits, in words that vary with the moment
+    it is cut (executor shut down, event loop closed, "coroutine ... was never awaited" with
+    its tracemalloc hint). The command has said what is kept, and the next run ignores the
+    partial step, so those records and warnings are not printed."""
+    import warnings
+
     for name in ("absl", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    warnings.simplefilter("ignore")
 
 
 def _quiet_closed_loop_callbacks() -> None:
