@@ -152,9 +152,10 @@ def sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_
 def token_logprob(scaled: jax.Array, tokens: jax.Array) -> jax.Array:
     """log softmax(scaled)[r, tokens[r]]: scaled [R, V] f32, tokens [R] -> [R] f32.
 
-    `jax.nn.log_softmax`'s arithmetic for the one element per row, without its [R, V] output:
-    XLA:CPU materialised that array and gathered from it, the costliest part of a Gemma 3 decode
-    step's sampling (V = 262,144: 14 of 16 ms at 32 rows, benchmarks/README.md)."""
+    `jax.nn.log_softmax`'s arithmetic for the one element per row (bit-equal), without its
+    [R, V] output, which XLA:CPU materialised and gathered from: `sample_step` alone at Gemma 3's
+    V = 262,144 and 32 rows went from 23 to 15 ms (benchmarks/README.md, issue 51; inside the
+    whole decode step the difference was within the loaded machine's noise)."""
     m = jnp.max(scaled, axis=-1, keepdims=True)
     lse = jnp.log(jnp.sum(jnp.exp(scaled - m), axis=-1))
     picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
