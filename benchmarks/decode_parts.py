@@ -41,24 +41,29 @@ def best_ms(f: Callable, x: jax.Array, steps: int, repeats: int = 5) -> float:
     return min(times) / steps * 1e3
 
 
-def dense_chain(mats: list[jax.Array], head: jax.Array, steps: int) -> Callable:
+def dense_chain(mats: list[jax.Array], head: jax.Array, steps: int,
+                dot: Callable = jnp.matmul) -> Callable:
     """A decode step's dense matmuls alone: `mats` = stacked [L, in, out] q, k, v, o, gate, up,
     down kernels, `head` [H, V]; unrolled over layers inside a `steps`-iteration `fori_loop`,
-    as the decode body. Returns the jitted x [rows, H] -> x."""
+    as the decode body; `dot(x, w)` is the product (bf16 weights under f32 activations:
+    `precision.dot_f32` of x cast to bf16, as the decode step runs them). The weights are
+    arguments of the jitted loop, as the decode step gets them: closure constants would be
+    constant-folded (minutes for a real model's weights) and laid out at compile time. Returns
+    x [rows, H] -> x."""
     h = head.shape[0]
 
     @jax.jit
-    def dense(x: jax.Array) -> jax.Array:
+    def dense(x: jax.Array, mats: list[jax.Array], head: jax.Array) -> jax.Array:
         def body(_: int, x: jax.Array) -> jax.Array:
             for i in range(mats[0].shape[0]):
                 wq, wk, wv, wo, wg, wu, wd = (m[i] for m in mats)
-                kv = (x @ wk).sum(-1, keepdims=True) + (x @ wv).sum(-1, keepdims=True)
-                x = x + (x @ wq) @ wo + kv * 1e-9
-                x = x + (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
-            return x + 1e-9 * (x @ head)[:, :h]
+                kv = dot(x, wk).sum(-1, keepdims=True) + dot(x, wv).sum(-1, keepdims=True)
+                x = x + dot(dot(x, wq), wo) + kv * 1e-9
+                x = x + dot(jax.nn.silu(dot(x, wg)) * dot(x, wu), wd)
+            return x + 1e-9 * dot(x, head)[:, :h]
         return jax.lax.fori_loop(0, steps, body, x)
 
-    return dense
+    return lambda x: dense(x, mats, head)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from sagc_jax.models.decode import decode_weights
 from sagc_jax.models.hf import from_pretrained
 from sagc_jax.parallel import make_mesh
 from sagc_jax.sampling import Sampler, SamplingConfig, compile_count
-from sagc_jax.sampling.sampler import categorical_icdf
+from sagc_jax.sampling.sampler import categorical_icdf, token_logprob
 
 VOCAB, PAD, N_NEW = 128, 0, 12
 # Different lengths; the first three fit the 8-token bucket, the last needs the 24 one.
@@ -298,3 +298,19 @@ def test_categorical_icdf_distribution_and_exclusions():
     p /= p.sum()
     std = np.sqrt(p * (1 - p) / R)
     assert np.all(np.abs(counts / R - p) <= 5 * std + 1e-4), np.abs(counts / R - p).max()
+
+
+def test_token_logprob_is_log_softmax_at_the_token():
+    """`token_logprob` (the sampled token's log-probability without an [R, V] log_softmax) is
+    `jax.nn.log_softmax` gathered at the token, bit for bit, at a large vocabulary and scale."""
+    R, V = 8, 262144  # Gemma 3's vocabulary: the size the shortcut was made for
+    logits = jax.random.normal(jax.random.key(0), (R, V)) * 30
+    tokens = jax.random.randint(jax.random.key(1), (R,), 0, V).at[0].set(
+        jnp.argmax(logits[0]))
+    ref = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, None], -1)[:, 0]
+    got = jax.jit(token_logprob)(logits, tokens)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(
+        lambda x, t: jnp.take_along_axis(jax.nn.log_softmax(x, -1), t[:, None], -1)[:, 0])(
+            logits, tokens)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-6, atol=1e-5)
+    assert float(got[0]) > -1.0 and float(got.min()) < -50  # argmax row vs tail tokens

@@ -146,8 +146,20 @@ def sample_step(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_
 
     # A traced branch: greedy calls skip the sort and the [R, V] random draw at run time.
     tokens = jax.lax.cond(greedy, lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32), draw)
-    logp = jax.nn.log_softmax(scaled, axis=-1)
-    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    return tokens, token_logprob(scaled, tokens)
+
+
+def token_logprob(scaled: jax.Array, tokens: jax.Array) -> jax.Array:
+    """log softmax(scaled)[r, tokens[r]]: scaled [R, V] f32, tokens [R] -> [R] f32.
+
+    `jax.nn.log_softmax`'s arithmetic for the one element per row (bit-equal), without its
+    [R, V] output, which XLA:CPU materialised and gathered from: `sample_step` alone at Gemma 3's
+    V = 262,144 and 32 rows went from 23 to 15 ms (benchmarks/README.md, issue 51; inside the
+    whole decode step the difference was within the loaded machine's noise)."""
+    m = jnp.max(scaled, axis=-1, keepdims=True)
+    lse = jnp.log(jnp.sum(jnp.exp(scaled - m), axis=-1))
+    picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+    return (picked - m[:, 0]) - lse
 
 
 class Sampler:
