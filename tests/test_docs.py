@@ -187,3 +187,14 @@ def test_tool_job_figures_are_regenerated_from_the_committed_run() -> None:
     row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
                if ln.startswith("| tools"))
     assert f"held-out with the tool {sft} → **{after}**" in row, row
+
+
+def test_gemma3_run_figures_are_regenerated_from_the_committed_run() -> None:
+    """docs/results/gemma3/README.md's table is what `scripts/main_job_figures.py` prints from
+    the Gemma 3 270M run's committed raw files."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "scripts/main_job_figures.py", "docs/results/gemma3",
+                          "--untrained", "docs/results/gemma3/eval_untrained.json", "--lengths"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+    assert out in (ROOT / "docs" / "results" / "gemma3" / "README.md").read_text()
