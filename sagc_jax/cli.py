@@ -77,7 +77,6 @@ def _train(argv: list[str]) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + e.signum)
-        _silence_abandoned_saves()
         return 128 + e.signum
     except KeyboardInterrupt:  # before the run's own handlers were installed
         print("sagc-jax train: interrupted (Ctrl-C) before training started", file=sys.stderr)
@@ -86,7 +85,6 @@ def _train(argv: list[str]) -> int:
         if os.environ.get("SAGC_JAX_TRACEBACK"):
             raise
         print(f"sagc-jax train: error: {_train_error(e, cfg.run.dir)}", file=sys.stderr)
-        _silence_abandoned_saves()
         # A run dir removed or made read-only under the run is a runtime failure (1), though
         # the FileNotFoundError it raises would read as a missing input (2).
         runtime = _os_errno(e) in _STORAGE and cfg.run.dir in str(e)
@@ -339,7 +337,6 @@ def _compare(argv: list[str]) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + e.signum)  # see _train: nothing waits for an abandoned save
-        _silence_abandoned_saves()
         return 128 + e.signum
     except (ValueError, OSError, RuntimeError) as e:  # incl. TrainingError
         print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
@@ -412,5 +409,16 @@ def main(argv: list[str] | None = None) -> int:
     return COMMANDS[argv[0]][0](argv[1:])
 
 
+def entry(argv: list[str] | None = None) -> None:
+    """The `sagc-jax` program: `main`, then exit with its code. A command that stopped or
+    failed has printed its one line; what Python's exit then shakes loose from an abandoned
+    save (Orbax's threads, write coroutines) is silenced here, in the process that is ending,
+    not in `main`, which tests and notebooks call in-process."""
+    code = main(argv)
+    if code:
+        _silence_abandoned_saves()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -1,6 +1,6 @@
 """One fault at an exact moment of a real `sagc-jax train` run (storage and signal harnesses).
 
-Child side: `python -m benchmarks.reliability.inject train ARGS...` runs `sagc_jax.cli.main`
+Child side: `python -m benchmarks.reliability.inject train ARGS...` runs `sagc_jax.cli.entry`
 with one function of the run wrapped, named by `$RELIABILITY_FAULT` (JSON, `Fault`): on the
 `nth` call of that function (`TARGETS`) the action fires, `delay` seconds after the call began
 (in a timer thread, so the function is running) or before it when `delay` is 0. What fired, and
@@ -211,7 +211,7 @@ def run_cases(groups: tuple[str, ...], n_per_group: int, argv: Any, work: Path,
     return res
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
     from sagc_jax.hostmem import computes_on_cpu, keep_freed_memory
 
     if computes_on_cpu():  # as the CLI does, before the imports below start JAX's threads
@@ -219,10 +219,10 @@ def main(argv: list[str]) -> int:
     spec = os.environ.get("RELIABILITY_FAULT")
     if spec:
         install(Fault(**json.loads(spec)), Path(os.environ["RELIABILITY_FAULT_LOG"]))
-    from sagc_jax.cli import main as cli_main
+    from sagc_jax.cli import entry
 
-    return cli_main(argv)
+    entry(argv)  # as the `sagc-jax` program: main, then exit (quietly after a failure)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])
