@@ -41,6 +41,22 @@ def best_ms(f: Callable, x: jax.Array, steps: int, repeats: int = 5) -> float:
     return min(times) / steps * 1e3
 
 
+def sampling_chain(keys: jax.Array, steps: int) -> Callable:
+    """A jitted loop of `steps` temperature-1 `sample_step`s over logits [rows, V] (one key per
+    row in `keys`), each feeding a trace of its logprobs back so no step is dead code."""
+
+    @jax.jit
+    def sampling(logits: jax.Array) -> jax.Array:
+        def body(i: jax.Array, lg: jax.Array) -> jax.Array:
+            _, lp = sample_step(lg, jax.vmap(lambda k: jax.random.fold_in(k, i))(keys),
+                                jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0),
+                                jnp.bool_(False), use_top_k=False, use_top_p=False)
+            return lg + 1e-6 * lp[:, None]
+        return jax.lax.fori_loop(0, steps, body, logits)
+
+    return sampling
+
+
 def dense_chain(mats: list[jax.Array], head: jax.Array, steps: int,
                 dot: Callable = jnp.matmul) -> Callable:
     """A decode step's dense matmuls alone: `mats` = stacked [L, in, out] q, k, v, o, gate, up,
@@ -95,16 +111,7 @@ def main() -> None:
             return q
         return jax.lax.fori_loop(0, steps, body, q)
 
-    keys = jax.random.split(next(ks), R)
-
-    @jax.jit
-    def sampling(logits: jax.Array) -> jax.Array:
-        def body(i: jax.Array, lg: jax.Array) -> jax.Array:
-            _, lp_ = sample_step(lg, jax.vmap(lambda k: jax.random.fold_in(k, i))(keys),
-                                 jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0),
-                                 jnp.bool_(False), use_top_k=False, use_top_p=False)
-            return lg + 1e-6 * lp_[:, None]
-        return jax.lax.fori_loop(0, steps, body, logits)
+    sampling = sampling_chain(jax.random.split(next(ks), R), steps)
 
     flops = 2 * R * (L * (H * (N * D + 2 * K * D) + N * D * H + 3 * H * I) + H * V)
     cache = 4 * L * (P * K * D * lp * 2 + R * K * M * D * 2)

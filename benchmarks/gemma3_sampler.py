@@ -58,7 +58,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from decode_parts import best_ms, dense_chain  # benchmarks/ (the script's directory)
+from decode_parts import (  # benchmarks/ (the script's directory)
+    best_ms,
+    dense_chain,
+    sampling_chain,
+)
 from real_model import load, machine_rates, roofline_s
 from transformers import AutoModelForCausalLM
 
@@ -68,7 +72,6 @@ from sagc_jax.models.decode import gen_slots, kept_prefix
 from sagc_jax.models.gguf import gemma3_270m_path
 from sagc_jax.models.precision import dot_f32, row_major_t
 from sagc_jax.sampling import Sampler, SamplingConfig
-from sagc_jax.sampling.sampler import sample_step
 
 TEXTS = [
     "The history of the printing press begins in the fifteenth century, when Johannes "
@@ -207,17 +210,7 @@ def step_parts(model: Any, rows: int, matmul_dtype: str | None,
     out = {"dense": best_ms(dense_chain(mats, head, steps, dot), x, steps, repeats=3),
            "head": best_ms(dense_chain([m[:0] for m in mats], head, steps, dot), x, steps, 3)}
     del mats, head
-    keys = jax.random.split(jax.random.key(0), rows)
-
-    @jax.jit
-    def sampling(logits: jax.Array) -> jax.Array:
-        def body(i: jax.Array, lg: jax.Array) -> jax.Array:
-            _, lp = sample_step(lg, jax.vmap(lambda k: jax.random.fold_in(k, i))(keys),
-                                jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0),
-                                jnp.bool_(False), use_top_k=False, use_top_p=False)
-            return lg + 1e-6 * lp[:, None]
-        return jax.lax.fori_loop(0, steps, body, logits)
-
+    sampling = sampling_chain(jax.random.split(jax.random.key(0), rows), steps)
     lg = jax.random.normal(jax.random.key(1), (rows, model.cfg.vocab_size)) * 5
     out["sample"] = best_ms(sampling, lg, steps, repeats=3)
     return out
