@@ -18,6 +18,21 @@ from sagc_jax.cli_errors import (  # noqa: F401  (tests import them from here to
     _silence_abandoned_saves,
     _train_error,
 )
+from sagc_jax.errors import Interrupted
+
+
+def _stopped(prog: str, e: Interrupted) -> int:
+    """One line for a run stopped by Ctrl-C / SIGTERM; its exit code, 128 + signum. A second
+    signal (`e.at_once`) exits here: the save it abandoned would have Orbax's threads either
+    log their failure after this line or, cut at the wrong moment, keep the interpreter from
+    exiting (seen: a CI run hung 300 s). The last checkpoint is on disk and a partial one is
+    ignored on resume, so nothing waits for them."""
+    print(f"{prog}: {e}", file=sys.stderr)
+    if e.at_once:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + e.signum)
+    return 128 + e.signum
 
 
 def _train(argv: list[str]) -> int:
@@ -61,23 +76,13 @@ def _train(argv: list[str]) -> int:
                                                     else "--no-compile"]), *args.overrides]
         return run_dry_run(cfg, child, devices=args.devices, compile=args.compile,
                            prog="sagc-jax train: dry run")
-    from sagc_jax.errors import Interrupted
     from sagc_jax.train import train
 
     _quiet_library_tracebacks()
     try:
         row = train(cfg)
     except Interrupted as e:  # Ctrl-C / SIGTERM: 130 / 143, so scripts can tell it from done
-        print(f"sagc-jax train: {e}", file=sys.stderr)
-        if e.at_once:
-            # A hard stop abandons the save in flight: Orbax's threads would either log their
-            # failure after this line or, cut at the wrong moment, keep the interpreter from
-            # exiting (seen: a CI run hung 300 s). The last checkpoint is already on disk and
-            # a partial one is ignored on resume, so nothing waits for them.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + e.signum)
-        return 128 + e.signum
+        return _stopped("sagc-jax train", e)
     except KeyboardInterrupt:  # before the run's own handlers were installed
         print("sagc-jax train: interrupted (Ctrl-C) before training started", file=sys.stderr)
         return 130
@@ -318,7 +323,6 @@ def _compare(argv: list[str]) -> int:
         print(f"{err} {e}", file=sys.stderr)
         return 2
     from sagc_jax.config import ConfigError
-    from sagc_jax.errors import Interrupted
     from sagc_jax.experiments import run_comparison
 
     try:
@@ -332,12 +336,7 @@ def _compare(argv: list[str]) -> int:
         print(f"{err} config: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:  # Ctrl-C / SIGTERM in a run: its checkpoint is saved, as in train
-        print(f"sagc-jax compare: {e}", file=sys.stderr)
-        if e.at_once:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + e.signum)  # see _train: nothing waits for an abandoned save
-        return 128 + e.signum
+        return _stopped("sagc-jax compare", e)
     except (ValueError, OSError, RuntimeError) as e:  # incl. TrainingError
         print(f"{err} {(str(e) or type(e).__name__).splitlines()[0]}", file=sys.stderr)
         return 1
