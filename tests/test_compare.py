@@ -394,3 +394,33 @@ def test_sagc_real_page_table_is_its_committed_run():
 
     bps = benefit_per_second(run)
     assert bps["model"] > bps["measured"] > 0 and f"| static-4 | {bps['model']:.4f} |" in mix
+
+
+def test_step0_eval_is_shared_only_between_runs_with_identical_start(tmp_path):
+    """The step-0 held-out eval (the costliest of a curve) is reused from a sibling run only
+    when its initial params' checksums and eval settings are identical."""
+    import json
+
+    import yaml
+
+    from sagc_jax.experiments.runs import _sibling_initial_eval
+
+    def make(name: str, sums: list[str], max_new: int, ev: dict | None = None):
+        d = tmp_path / name
+        (d / "checkpoints").mkdir(parents=True)
+        (d / "checkpoints" / "initial.checksums.json").write_text(json.dumps({"params": sums}))
+        (d / "config.yaml").write_text(yaml.safe_dump(
+            {"model": {"path": "m"}, "data": {"task": "arith"}, "rewards": ["r"],
+             "sampling": {"max_new_tokens": max_new}, "sagc": {"enabled": name != "a"}}))
+        if ev is not None:
+            (d / "eval.json").write_text(json.dumps({"0/0/None": ev}))
+        return d
+
+    make("a", ["x", "y"], 64, {"step": 0, "accuracy": 0.46})
+    same, other_params, other_cap = (make("b", ["x", "y"], 64), make("c", ["x", "z"], 64),
+                                     make("d", ["x", "y"], 32))
+    got = _sibling_initial_eval(same, "0/0/None")
+    assert got == {"step": 0, "accuracy": 0.46, "shared_from": "a"}
+    assert _sibling_initial_eval(other_params, "0/0/None") is None
+    assert _sibling_initial_eval(other_cap, "0/0/None") is None
+    assert _sibling_initial_eval(same, "0/4/None") is None

@@ -122,6 +122,12 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
     name = f"{step}/{num_samples}/{limit}"
     if name in cache:
         return cache[name]
+    if step == 0 and num_samples == 0:
+        shared = _sibling_initial_eval(run_dir, name)
+        if shared is not None:  # the same initial params and eval settings: the same result
+            cache[name] = shared
+            path.write_text(json.dumps(cache, indent=1) + "\n")
+            return shared
     model, tok, cfg = load_policy(ckpt)
     assert cfg is not None
     examples, _ = load_eval_examples(None, cfg, limit=limit)
@@ -138,6 +144,39 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
     logger.info("compare: %s: held-out accuracy %.3f (%d problems, %.0fs)", run_dir.name,
                 res["accuracy"], res["num_prompts"], res["eval_s"])
     return out
+
+
+#: Config sections a greedy held-out eval depends on (besides the params).
+_EVAL_SECTIONS = ("model", "data", "sampling", "rewards", "reward_timeout_s")
+
+
+def _eval_fingerprint(run_dir: Path) -> tuple[Any, Any] | None:
+    """(initial params' checksums, the eval's config sections) of a run, None if unreadable."""
+    import yaml
+
+    try:
+        sums = json.loads((run_dir / "checkpoints" / "initial.checksums.json").read_text())
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        return sums["params"], {k: cfg.get(k) for k in _EVAL_SECTIONS}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def _sibling_initial_eval(run_dir: Path, name: str) -> dict[str, Any] | None:
+    """The step-0 greedy eval of another run in the same folder that starts from identical
+    params (checksums of `checkpoints/initial`) with identical eval settings: every policy of a
+    comparison seed starts from the same weights, and that eval is the costliest (the
+    untrained model's rows run long: ~7 min of a run's ~30 on the real model)."""
+    mine = _eval_fingerprint(run_dir)
+    if mine is None:
+        return None
+    for other in sorted(p for p in run_dir.parent.iterdir() if p.is_dir() and p != run_dir):
+        res = _read_cache(other / EVAL_FILE).get(name)
+        if res is not None and _eval_fingerprint(other) == mine:
+            logger.info("compare: %s: step-0 eval shared with %s (identical initial params)",
+                        run_dir.name, other.name)
+            return {**res, "shared_from": other.name}
+    return None
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
