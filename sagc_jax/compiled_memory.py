@@ -125,6 +125,28 @@ def train_step_memory(state: dict[str, Any], mesh: Mesh, optimizer, settings: An
                                                        idx))
 
 
+def sft_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh) -> ProgramMemory:
+    """Compile the SFT warm start's step (``train/sft.py``) at ``init.sft_batch_size`` rows of
+    the longest SFT sequence: its arguments hold the params and its own AdamW state (the
+    base's), both donated."""
+    from sagc_jax.models.lora import BASE
+    from sagc_jax.optim import make_sft_optimizer, sft_seq_len
+    from sagc_jax.rl.train_step import make_sft_step
+
+    opt = make_sft_optimizer(cfg.init)
+    p_shard = state["param_shardings"]
+    base = nnx.split_state(state["params"], BASE, ...)[0]
+    opt_abs = jax.eval_shape(opt.init, base)
+    o_shard = opt_state_shardings(opt, opt_abs, nnx.split_state(p_shard, BASE, ...)[0], mesh)
+    step = jax.jit(make_sft_step(state["graphdef"], opt), in_shardings=(p_shard, o_shard, None,
+                   None), out_shardings=(p_shard, o_shard, None), donate_argnums=(0, 1))
+    rows, seq = cfg.init.sft_batch_size, sft_seq_len(cfg)
+    tok = jax.ShapeDtypeStruct((rows, seq), jnp.int32)
+    return _measure("sft_step", f"rows={rows} x {seq} tokens",
+                    lambda: step.lower(state["params"], _with_shardings(opt_abs, o_shard), tok,
+                                       tok))
+
+
 def _sampler_programs(cfg: Any, mcfg: ModelConfig, mesh: Mesh, plan: Any, g: int,
                       lp: int) -> list[ProgramMemory]:
     from sagc_jax.sampling import SamplingConfig
@@ -163,11 +185,17 @@ def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, plan: Any) -> di
     lp = max(plan.prompt_buckets)
     progs = [train_step_memory(state, mesh, optimizer, loss_settings(cfg), plan.train_layout)]
     progs += _sampler_programs(cfg, mcfg, mesh, plan, g, lp)
+    sft = (sft_step_memory(cfg, state, mesh)
+           if cfg.init.sft_steps > 0 and not cfg.init.params else None)
     opt_b, param_b = _bytes_per_device(state["opt_state"]), _bytes_per_device(state["params"])
     ref = param_b if cfg.algo.beta > 0 else 0
     train_peak = progs[0].total + opt_b  # the optimizer state stays on device, not an argument
     sampler_peak = max(p.total for p in progs[1:]) + opt_b
+    # The warm start's program holds the params and its own AdamW state; the GRPO optimizer
+    # state exists already (train/setup.py builds it first), the KL reference not yet.
+    sft_total = sft.total + opt_b if sft else 0
+    progs += [sft] if sft else []
     return {"programs": [p.as_dict() for p in progs], "opt_state": opt_b, "params": param_b,
             "train_peak": train_peak, "sampler_peak": sampler_peak, "reference": ref,
-            "peak": max(train_peak, sampler_peak) + ref,
+            "sft_total": sft_total, "peak": max(max(train_peak, sampler_peak) + ref, sft_total),
             "compile_s": sum(p.compile_s for p in progs)}

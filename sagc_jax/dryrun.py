@@ -48,6 +48,7 @@ from sagc_jax.models import ModelConfig
 from sagc_jax.models.build import ModelSource, ModelSourceError, describe_model
 from sagc_jax.models.decode import kv_layer_slots
 from sagc_jax.models.gguf import is_gguf
+from sagc_jax.optim import sft_seq_len
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES
 from sagc_jax.shapes import ShapePlan
 
@@ -227,6 +228,7 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
         chunk_rows=max(layout.chunk_sizes), batch_shards=batch_ways, pack_len=layout.pack_len,
         completion_len=layout.completion_len, seqs=layout.seqs,
         vocab_ways=tensor if mcfg.vocab_size % tensor == 0 else 1, beta=cfg.algo.beta,
+        sft_rows=cfg.init.sft_batch_size if _warm_start(cfg) else 0, sft_seq=sft_seq_len(cfg),
         **dict(zip(("lora_elems", "lora_elems_unsharded"), lora_elems(params, mesh),
                    strict=True)))
     memory = estimate(inputs)
@@ -261,6 +263,11 @@ def dry_run(cfg: Config, *, num_devices: int | None = None,
         "compiled_memory": compiled, "compiled_note": compiled_note,
         "device_memory_bytes": device_memory_bytes,
     }
+
+
+def _warm_start(cfg: Config) -> bool:
+    """Does a fresh run do the SFT warm start (`init.sft_steps`, no `init.params`)?"""
+    return cfg.init.sft_steps > 0 and not cfg.init.params
 
 
 # Above this many params `compile=None` (auto) keeps the estimate only: compiling the train step

@@ -64,6 +64,11 @@ def _memory_lines(r: dict[str, Any]) -> list[str]:
         f"  sampling             {_gib(mem['sampler_peak'])}"
         + (f"  {_gib(c['sampler_peak'] - c['params'] - c['opt_state'])}" if c else "")
         + "  (KV cache x2, weight copy, decode logits)",
+    ]
+    if mem.get("sft_total"):
+        lines.append(f"  SFT warm start       {_gib(mem['sft_total'])}{cell('sft_total')}"
+                     "  (params, both AdamW states, grads, logits, activations)")
+    lines += [
         f"  peak                 {_gib(mem['peak'])}{cell('peak')}"
         + (f"  of {_gib(r['device_memory_bytes']).strip()}" if r["device_memory_bytes"] else ""),
     ]

@@ -79,6 +79,10 @@ class MemoryInputs:
     # with adapters off (no copy). 0 = full fine-tuning.
     lora_elems: int = 0
     lora_elems_unsharded: int = 0
+    # The SFT warm start (`init.sft_steps` without `init.params`): rows of its batch (not split
+    # over devices: the trainer passes the batch unsharded) and tokens a row; 0 = no warm start.
+    sft_rows: int = 0
+    sft_seq: int = 0
 
 
 # The train step's batch arguments (`rl.batch`), bytes per row: a chunk row holds 4 int32
@@ -148,7 +152,27 @@ def estimate(x: MemoryInputs, *, shard_optimizer: bool = True) -> dict[str, int]
            "batch": batch, "train_peak": grads + copy + logits + act + batch, "kv_cache": kv,
            "decode_logits": dec_logits, "sampler_peak": kv + dec_copy + dec_logits}
     out["peak"] = out["static"] + max(out["train_peak"], out["sampler_peak"])
+    out.update(sft_estimate(x, params, opt))
+    out["peak"] = max(out["peak"], out["sft_total"])
     return out
+
+
+def sft_estimate(x: MemoryInputs, params: int, opt: int) -> dict[str, int]:
+    """Per-device bytes of the SFT warm start: ``sft_optimizer`` (its AdamW state over the
+    base params), ``sft_peak`` (its gradients and update, logits, activations) and
+    ``sft_total`` (with the params and the GRPO optimizer state, which exist already; the KL
+    reference does not yet). All 0 without a warm start (``sft_rows == 0``)."""
+    if not x.sft_rows:
+        return {"sft_optimizer": 0, "sft_peak": 0, "sft_total": 0}
+    m = x.mcfg
+    store = jnp.dtype(m.param_dtype).itemsize
+    base = (x.param_elems - x.lora_elems) * store
+    copy = x.param_elems * jnp.dtype(m.dtype).itemsize if m.dtype != m.param_dtype else 0
+    tok = x.sft_rows * x.sft_seq
+    logits = 2 * tok * m.vocab_size * 4 // x.vocab_ways  # f32 logits and their gradient
+    peak = 2 * base + copy + logits + activation_bytes(m, x.sft_rows, x.sft_seq) + 8 * tok
+    return {"sft_optimizer": 2 * base, "sft_peak": peak, "sft_total": params + opt + 2 * base
+            + peak}
 
 
 def _chunk_candidates(rows_counts: Sequence[int], batch_shards: int) -> list[int]:

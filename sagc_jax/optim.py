@@ -65,3 +65,17 @@ def make_optimizer(
         else optax.clip_by_global_norm(float(max_norm))
     )
     return optax.chain(clip, adamw)
+
+
+def make_sft_optimizer(init: Any) -> optax.GradientTransformation:
+    """The SFT warm start's optimizer (``init`` section): clip 1.0 → AdamW with a warm-up to
+    ``sft_lr`` over min(20, steps / 4) steps, cosine decay to a tenth by ``sft_steps``. Its
+    state covers the base params (with LoRA too: the warm start trains the base)."""
+    n, lr = int(init.sft_steps), float(init.sft_lr)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+        optax.warmup_cosine_decay_schedule(0.0, lr, min(20, n // 4), max(n, 2), lr * 0.1)))
+
+
+def sft_seq_len(cfg: Any) -> int:
+    """Tokens of an SFT row at most: the largest prompt bucket + ``sampling.max_new_tokens``."""
+    return int(cfg.sampling.prompt_buckets[-1]) + int(cfg.sampling.max_new_tokens)

@@ -86,7 +86,9 @@ def test_every_config_dry_runs(path):
     else:  # the adapters only, also when the dry run falls back to model.preset
         assert r["model"]["lora_rank"] == cfg.model.lora.rank and trained < mem["params"] / 20
     assert mem["gradients"] in (trained, 2 * trained)  # x2: micro-batch accumulator
-    assert mem["peak"] == mem["static"] + max(mem["sampler_peak"], mem["train_peak"])
+    assert mem["peak"] == max(mem["static"] + max(mem["sampler_peak"], mem["train_peak"]),
+                              mem["sft_total"])
+    assert (mem["sft_total"] > 0) == (cfg.init.sft_steps > 0 and not cfg.init.params)
     assert r["sampler_shapes"] and r["train_shapes"]
     for s in r["sampler_shapes"]:
         assert s["rows"] == s["prompts"] * s["group_size"] and s["kv_cache_bytes"] > 0
@@ -219,12 +221,34 @@ def test_dry_run_compiled_memory_beside_the_estimate():
         "sampling.max_new_tokens=16", "sampling.prompt_buckets=[8]", "sampling.decode_chunk=8"])
     r = dry_run(tiny, compile=True)  # this process's 4 devices: a concrete mesh
     c = r["compiled_memory"]
-    assert [p["name"] for p in c["programs"]] == ["train_step", "prefill", "decode"]
+    # tiny_cpu.yaml warm-starts with SFT (init.sft_steps 600): its program is priced too.
+    assert [p["name"] for p in c["programs"]] == ["train_step", "prefill", "decode", "sft_step"]
     assert c["params"] == r["memory"]["params"] and c["opt_state"] >= r["memory"]["optimizer"]
     assert c["peak"] >= c["params"] + c["opt_state"] and r["compiled_note"].startswith("XLA cpu")
+    sft = c["programs"][-1]
+    # Its arguments are the params and the SFT AdamW state over them (2x), both donated.
+    assert sft["argument"] >= 3 * c["params"] and sft["alias"] > 0
+    assert c["sft_total"] == sft["total"] + c["opt_state"] and c["peak"] >= c["sft_total"]
+    mem = r["memory"]
+    assert mem["sft_optimizer"] == 2 * mem["params"] and mem["peak"] >= mem["sft_total"] > 0
     text = format_report(r)
     assert "compiled/estimate" in text and "printed peak: compiled" in text
+    assert "SFT warm start" in text
     assert dry_run(tiny, num_devices=8)["compiled_memory"] is None  # abstract mesh: estimate
+
+
+def test_dry_run_prices_the_sft_warm_start_only_when_it_runs():
+    """Issue 51: the SFT warm start (full-base AdamW, a batch of whole sequences) can be the
+    run's peak; it is priced when a fresh run does it, and not with init.params or 0 steps."""
+    path = ROOT / "configs" / "tiny_cpu.yaml"
+    big = dry_run(load_config(path, ["init.sft_batch_size=512"]))["memory"]
+    small = dry_run(load_config(path, ["init.sft_batch_size=8"]))["memory"]
+    assert big["sft_total"] > small["sft_total"] > 0 and big["peak"] == big["sft_total"]
+    for off in ("init.sft_steps=0", "init.params=runs/elsewhere/checkpoints/initial"):
+        mem = dry_run(load_config(path, [off]))["memory"]
+        assert mem["sft_total"] == 0 and mem["peak"] == mem["static"] + max(
+            mem["train_peak"], mem["sampler_peak"])
+        assert "SFT warm start" not in format_report(dry_run(load_config(path, [off])))
 
 
 def test_fake_pod_from_the_config_mesh():

@@ -7,12 +7,12 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.data.pipeline import make_sft_batches
 from sagc_jax.models.lora import BASE
+from sagc_jax.optim import make_sft_optimizer, sft_seq_len
 from sagc_jax.rl.train_step import make_sft_step
 from sagc_jax.train.state import init_opt_state
 
@@ -54,16 +54,13 @@ def sft_warm_start(cfg: Any, params: Any, *, graphdef: nnx.GraphDef, param_shard
     n = cfg.init.sft_steps
     if n == 0:
         return params, []
-    lr = cfg.init.sft_lr
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-        optax.warmup_cosine_decay_schedule(0.0, lr, min(20, n // 4), max(n, 2), lr * 0.1)))
+    opt = make_sft_optimizer(cfg.init)
     # The base only (`lora.BASE`): with LoRA, the warm start is the frozen base's.
     opt_state, opt_shard = init_opt_state(opt, nnx.split_state(params, BASE, ...)[0], mesh)
     step = jax.jit(make_sft_step(graphdef, opt),
                    in_shardings=(param_shardings, opt_shard, None, None),
                    out_shardings=(param_shardings, opt_shard, None), donate_argnums=(0, 1))
-    s = cfg.sampling
-    seq_len = s.prompt_buckets[-1] + s.max_new_tokens
+    seq_len = sft_seq_len(cfg)
     if cfg.init.sft_format_noise > 0:
         examples = FormatNoise(examples, cfg.init.sft_format_noise, cfg.warm_start_seed)
     batches = make_sft_batches(examples, tokenizer=tokenizer, batch_size=cfg.init.sft_batch_size,
