@@ -426,3 +426,41 @@ def test_gemma3_sampler_has_no_compiles_after_compile_all(loaded):
                 out = sampler.generate(prompts, group_size=g, key=keys[n], max_new_tokens=n, **kw)
                 assert out.stats.compiles == 0 and out.tokens.shape == (len(prompts) * g, n)
     assert compile_count() == before
+
+
+def test_hub_id_resolves_through_the_local_cache_and_offline_fails_in_one_line(
+        tiny_hf_dir, tmp_path, monkeypatch):
+    """Issue 51: `model.path: owner/name` is found in the local Hugging Face cache as
+    transformers finds it (the trainer's build and the dry run's config read); an id that is
+    not cached fails offline in one line naming the id and how to allow the download."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    from sagc_jax.config import load_config
+    from sagc_jax.models.build import describe_model
+    from sagc_jax.models.pretrained import pretrained_config, resolve_model_path
+
+    src = tiny_hf_dir("gemma3")
+    repo = tmp_path / "hub" / "models--tiny-org--gemma3-tiny"
+    snap = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(src, snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    assert resolve_model_path("tiny-org/gemma3-tiny") == str(snap)
+    assert pretrained_config("tiny-org/gemma3-tiny") == pretrained_config(src)
+    model, _ = from_pretrained("tiny-org/gemma3-tiny")
+    ref, _ = from_pretrained(src)
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(ref)),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", ["model.path=tiny-org/gemma3-tiny"])
+    assert describe_model(cfg, None).source == f"hf config {snap / 'config.json'}"
+    with pytest.raises(FileNotFoundError) as e:
+        resolve_model_path("tiny-org/not-cached")
+    msg = str(e.value)
+    assert "\n" not in msg and "'tiny-org/not-cached'" in msg and "HF_HUB_OFFLINE=0" in msg
+    assert resolve_model_path(str(src)) == str(src)  # a local path stays as it is

@@ -175,6 +175,12 @@ def load_run_tokenizer(
     """
     vocab = None
     if model_path is not None:
+        from sagc_jax.models.pretrained import resolve_model_path  # jax-free callers stay light
+
+        try:  # a hub id: its snapshot in the local HF cache (downloaded if the user allows)
+            model_path = resolve_model_path(model_path)
+        except FileNotFoundError as e:
+            raise TokenizerError(str(e)) from None
         gguf = model_path.lower().endswith(".gguf")
         if not (os.path.isfile(model_path) if gguf else os.path.isdir(model_path)):
             what = ("does not exist" if not os.path.exists(model_path)

@@ -5,6 +5,7 @@ it (`describe_model`, which may fall back to `model.preset`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, NamedTuple
@@ -15,7 +16,7 @@ from sagc_jax.models.config import ModelConfig, from_run_section
 from sagc_jax.models.gguf import is_gguf
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.lora import add_lora
-from sagc_jax.models.pretrained import from_pretrained, pretrained_config
+from sagc_jax.models.pretrained import from_pretrained, pretrained_config, resolve_model_path
 
 
 def with_lora(mcfg: ModelConfig, lora: Any) -> ModelConfig:
@@ -58,8 +59,7 @@ def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> Mod
     field) when it is not a valid config, ValueError from GGUF metadata."""
     m = cfg.model
     if m.path is not None:
-        mcfg = pretrained_config(m.path, dtype=m.dtype, param_dtype=m.param_dtype)
-        return with_lora(_run_options(mcfg, m), m.lora)
+        return _path_config(m.path, m)
     if vocab_size is None:
         raise ValueError("model.tokenizer: needed for the vocabulary size of a fresh model")
     if tokenizer is None:
@@ -67,6 +67,12 @@ def model_config(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> Mod
     return with_lora(from_run_section(m, vocab_size, bos_token_id=tokenizer.bos_token_id,
                                       eos_token_id=tokenizer.eos_token_id,
                                       pad_token_id=tokenizer.pad_token_id), m.lora)
+
+
+def _path_config(path: str, m: Any) -> ModelConfig:
+    """The architecture at `path` with the `model` section's run options and LoRA."""
+    mcfg = pretrained_config(path, dtype=m.dtype, param_dtype=m.param_dtype)
+    return with_lora(_run_options(mcfg, m), m.lora)
 
 
 class ModelSourceError(ValueError):
@@ -89,15 +95,18 @@ def describe_model(cfg: Any, vocab_size: int | None, tokenizer: Any = None) -> M
     Every failure is a ModelSourceError naming the key."""
     m = cfg.model
     path = os.fspath(m.path) if m.path is not None else None
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):  # else the preset, or the error below
+            path = resolve_model_path(path, download=False)  # a hub id in the local HF cache
     cfg_file = os.path.join(path, "config.json") if path is not None else None
     if path is not None and is_gguf(path) and os.path.isfile(path):
         try:  # the file's metadata only: no tensor is read
-            return ModelSource(model_config(cfg, vocab_size, tokenizer), f"gguf {path}")
+            return ModelSource(_path_config(path, m), f"gguf {path}")
         except (OSError, ValueError) as e:
             raise ModelSourceError(f"model.path: {e}") from None
     if cfg_file is not None and os.path.isfile(cfg_file):
         try:
-            return ModelSource(model_config(cfg, vocab_size, tokenizer), f"hf config {cfg_file}")
+            return ModelSource(_path_config(path, m), f"hf config {cfg_file}")
         except (OSError, ValueError) as e:
             raise ModelSourceError(f"model.path: {cfg_file}: {e}") from None
     if m.preset is not None:
