@@ -177,7 +177,7 @@ def _eval(argv: list[str]) -> int:
     from sagc_jax.evaluate import evaluate, format_table, load_eval_examples
     from sagc_jax.models.hf import ModelFileError
     from sagc_jax.open_run import CheckpointPathError, load_policy, resolve_checkpoint
-    from sagc_jax.rl.rewards import RewardFn, build_reward_fns, with_timeout
+    from sagc_jax.rewards import RewardFn, build_reward_fns, with_timeout
 
     try:
         # Cheap checks of both paths before any model is loaded.

@@ -19,7 +19,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     from sagc_jax.envs import EnvNameError
     from sagc_jax.models.config import ModelConfigError
     from sagc_jax.models.hf import ModelFileError
-    from sagc_jax.rl.rewards import RewardNameError
+    from sagc_jax.rewards import RewardNameError
     from sagc_jax.runlock import RunDirLocked
 
     # FileNotFound / FileExists before step 1: init.params, model.path, run.resume vs run.dir.

@@ -121,7 +121,7 @@ def _check_paths(cfg: Config) -> dict[str, str]:
         if path is not None:
             out[key] = f"exists ({os.path.getsize(path)} bytes)" if os.path.isfile(path) \
                 else MISSING
-    from sagc_jax.rl.rewards import resolve_reward
+    from sagc_jax.rewards import resolve_reward
 
     for i, r in enumerate(cfg.rewards):
         try:

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from sagc_jax.config import Config
 from sagc_jax.data.tokenizer import decode_completion, encode_prompt, stop_ids
 from sagc_jax.models import Transformer
-from sagc_jax.rl.rewards import RewardFn, score_groups
+from sagc_jax.rewards import RewardFn, score_groups
 from sagc_jax.sampling import Sampler, SamplingConfig
 
 __all__ = [

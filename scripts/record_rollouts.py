@@ -13,7 +13,7 @@ with the step's sampling key `rollout_key(run.seed, step, 0)` and the initial pa
 static-G run's steps would sample if its params never moved, on the same prompt stream (the
 first `--prompts` prompts any run of the config trains on, in order). So record step 1 is the
 static-G training run's step 1 row for row. Each record is the trainer's trace.jsonl row
-(`train.loop.trace_row`) plus the step's measured seconds and decode steps.
+(`train.records.trace_row`) plus the step's measured seconds and decode steps.
 
     python scripts/record_rollouts.py --report configs/sim/traces/smollm2_static16_trace.jsonl
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sagc_jax.config import load_config
     from sagc_jax.rollout import collect
-    from sagc_jax.train.loop import trace_row
+    from sagc_jax.train.records import trace_row
     from sagc_jax.train.setup import build_run
 
     g = args.group_size

@@ -19,7 +19,7 @@ from sagc_jax.data.columns import required_columns, reward_columns
 from sagc_jax.data.pipeline import load_examples, make_sft_batches
 from sagc_jax.data.readers import DataError
 from sagc_jax.data.tokenizer import load_tokenizer
-from sagc_jax.rl.rewards import build_reward_fns
+from sagc_jax.rewards import build_reward_fns
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny_cpu.yaml")

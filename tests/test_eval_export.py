@@ -39,7 +39,7 @@ from sagc_jax.open_run import (
     load_policy,
     resolve_checkpoint,
 )
-from sagc_jax.rl.rewards import RewardFn
+from sagc_jax.rewards import RewardFn
 
 K, BATCH, NEW, CHUNK = 3, 3, 16, 8
 STEPS = (2, 4)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from sagc_jax.config import load_config
 from sagc_jax.data.pipeline import load_examples, make_prompt_iterator
 from sagc_jax.data.tokenizer import load_tokenizer
-from sagc_jax.rl.rewards import RewardFn, compute_rewards
+from sagc_jax.rewards import RewardFn, compute_rewards
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "configs" / "qwen2.5-0.5b_gsm8k_gpu.yaml"

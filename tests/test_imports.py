@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "checksum", "runlock", "fakepod", "hostmem"),
     ("config",),
     ("parallel", "hosts", "shapes", "optim", "models", "memory_estimate", "metrics", "plots"),
-    ("sagc", "data", "sampling", "rl", "restore", "checkpoint", "envs"),
+    ("sagc", "data", "sampling", "rl", "rewards", "restore", "checkpoint", "envs"),
     ("rollout", "open_run", "evaluate", "export"),
     ("train", "compiled_memory", "dryrun_report", "dryrun"),
     ("experiments",),

@@ -16,7 +16,7 @@ from sagc_jax.data.ramble import (
     verify_ramble,
 )
 from sagc_jax.data.tasks import check_arith_solution, get_task, prompt_split
-from sagc_jax.rl.rewards import exact_answer_reward
+from sagc_jax.rewards.answers import exact_answer_reward
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from sagc_jax.config import ConfigError, load_config
 from sagc_jax.data.pipeline import load_examples
 from sagc_jax.data.reasoning_gym import question_split
 from sagc_jax.data.tasks import get_task
-from sagc_jax.rl.rewards import RewardFn, score_groups
-from sagc_jax.rl.verifiers import (
+from sagc_jax.rewards import RewardFn, score_groups
+from sagc_jax.rewards.verifiers import (
     answer_candidates,
     math_verify_reward,
     reasoning_gym_reward,

@@ -35,7 +35,7 @@ from sagc_jax.config import ConfigError, load_config  # noqa: E402
 from sagc_jax.data.readers import DataError, read_examples  # noqa: E402
 from sagc_jax.models.config import ModelConfigError  # noqa: E402
 from sagc_jax.models.hf_config import from_hf_dict  # noqa: E402
-from sagc_jax.rl.rewards import (  # noqa: E402
+from sagc_jax.rewards import (  # noqa: E402
     RewardError,
     RewardFn,
     compute_rewards,

@@ -1,4 +1,4 @@
-"""Tests for sagc_jax.rl.rewards."""
+"""Tests for sagc_jax.rewards."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ import math
 import numpy as np
 import pytest
 
-from sagc_jax.rl.rewards import (
+from sagc_jax.rewards import (
     BUILTIN_REWARDS,
     RewardError,
     RewardFn,
+    RewardNameError,
     build_reward_fns,
     compute_rewards,
+    resolve_reward,
+)
+from sagc_jax.rewards.answers import (
     exact_answer_reward,
     extract_gsm8k_answer,
     format_reward,
     gsm8k_reward,
     normalize_number,
-    resolve_reward,
 )
 
 # A module-level function for the "module:function" form.
@@ -119,12 +122,24 @@ def test_resolve_reward():
                                     "reasoning_gym", "reasoning_gym_strict"}
 
 
+def test_reward_names_of_the_modules_before_the_rewards_package():
+    """A config naming a built-in by its old dotted path gets one line with the new one."""
+    with pytest.raises(RewardNameError, match=r"reward 'sagc_jax.rl.rewards:gsm8k_reward': "
+                       r"module 'sagc_jax.rl.rewards' moved to sagc_jax.rewards; use "
+                       r"'sagc_jax.rewards.answers:gsm8k_reward' \(or a built-in name: "):
+        resolve_reward("sagc_jax.rl.rewards:gsm8k_reward")
+    with pytest.raises(RewardNameError,
+                       match=r"use 'sagc_jax\.rewards\.verifiers:math_verify_reward'"):
+        resolve_reward("sagc_jax.rl.verifiers:math_verify_reward")
+    with pytest.raises(RewardNameError, match=r"use 'sagc_jax\.rewards' \("):
+        resolve_reward("sagc_jax.rl.answer_rewards:normalize_number")
+    assert resolve_reward("sagc_jax.rewards.answers:format_reward") is BUILTIN_REWARDS["format"]
+
+
 def test_reward_module_in_the_current_directory(tmp_path, monkeypatch):
     """As the installed `sagc-jax` script runs it: the working directory is not on sys.path."""
     import os
     import sys
-
-    from sagc_jax.rl.rewards import RewardNameError
 
     (tmp_path / "cwd_reward_mod_xyz.py").write_text("def score(prompts, completions, **kw):\n"
                                                     "    return [0.5] * len(completions)\n")

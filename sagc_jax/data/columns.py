@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["BUILTIN_REWARD_COLUMNS", "check_examples", "required_columns", "reward_columns"]
 
 #: Columns each built-in reward cannot score without (``answer`` is the reader's own
-#: ``data.answer_column``, always present; see sagc_jax/rl/rewards.py and verifiers.py).
+#: ``data.answer_column``, always present; see sagc_jax/rewards/answers.py and verifiers.py).
 BUILTIN_REWARD_COLUMNS: dict[str, tuple[str, ...]] = {
     "exact_answer": ("answer",),
     "gsm8k": ("answer",),

@@ -80,7 +80,7 @@ class Task:
 
     Attributes:
       name: registry name.
-      default_reward: reward name for :func:`sagc_jax.rl.rewards.resolve_reward`.
+      default_reward: reward name for :func:`sagc_jax.rewards.resolve_reward`.
       description: one line for ``--help``/logs.
       make_train: ``(seed, n) -> Sequence[dict]``.
       make_eval: ``(n) -> list[dict]``.

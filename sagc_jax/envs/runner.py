@@ -1,9 +1,9 @@
 """How the trainer names, builds and calls environments (the API is `envs.base`).
 
 The config names the class like a reward (`env.name`: a built-in from :data:`BUILTIN_ENVS` or
-``"package.module:Class"``, resolved by the rewards' `rl.rewards.resolve_named`); every call
+``"package.module:Class"``, resolved by the rewards' `rewards.registry.resolve_named`); every call
 (constructor, `reset`, `step`) runs under `env.timeout_s` with the rewards' runner
-(`rl.rewards.call_with_timeout`). A bad name is an :class:`EnvNameError` (exit 2); an env that
+(`rewards.runner.call_with_timeout`). A bad name is an :class:`EnvNameError` (exit 2); an env that
 raises, times out or returns something unusable is an :class:`EnvError` naming the env, the
 example and the call, in one line (exit 1), as a failing reward is.
 """
@@ -17,7 +17,8 @@ from typing import Any
 
 from sagc_jax.envs.base import EnvError, EnvNameError, StepResult
 from sagc_jax.envs.calculator import Calculator
-from sagc_jax.rl.rewards import RewardTimeout, call_with_timeout, resolve_named
+from sagc_jax.rewards.registry import resolve_named
+from sagc_jax.rewards.runner import RewardTimeout, call_with_timeout
 
 #: Built-in environments by config name.
 BUILTIN_ENVS: dict[str, Callable[..., Any]] = {"calculator": Calculator}

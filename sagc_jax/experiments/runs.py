@@ -104,7 +104,7 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
     from sagc_jax.evaluate import evaluate, load_eval_examples
     from sagc_jax.experiments.budget import checkpoint_at_or_before
     from sagc_jax.open_run import load_policy, resolve_checkpoint
-    from sagc_jax.rl.rewards import build_reward_fns, with_timeout
+    from sagc_jax.rewards import build_reward_fns, with_timeout
 
     ckpt: Path = run_dir
     if at_step == 0:

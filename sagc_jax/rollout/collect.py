@@ -20,7 +20,7 @@ import numpy as np
 from sagc_jax.data.tokenizer import decode_completion
 from sagc_jax.errors import TrainingError
 from sagc_jax.hosts import Hosts
-from sagc_jax.rl.rewards import RewardFn, score_groups
+from sagc_jax.rewards import RewardFn, score_groups
 from sagc_jax.rl.shaping import overlong_penalty
 from sagc_jax.sampling import Sampler
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from sagc_jax.data.tokenizer import encode_prompt, encode_reply
 from sagc_jax.envs import EnvError, EnvSpec
-from sagc_jax.rl.rewards import RewardFn, score_groups
+from sagc_jax.rewards import RewardFn, score_groups
 from sagc_jax.rl.shaping import overlong_penalty
 from sagc_jax.rollout.collect import (
     CollectSettings,

@@ -43,16 +43,13 @@ from sagc_jax.runlock import RunLock
 from sagc_jax.sagc.controller import copy_state
 from sagc_jax.sagc.observation import observation_from
 from sagc_jax.sampling import compile_count
+from sagc_jax.train.records import metrics_row, trace_row
 from sagc_jax.train.setup import Run, build_run
 from sagc_jax.train.sft import progress_bar, sft_warm_start
 from sagc_jax.train.signals import StopFlag
 from sagc_jax.train.state import RunState, copy_params
 
 logger = logging.getLogger("sagc_jax.train")
-
-_LOSS_KEYS = ("loss", "pg_loss", "kl", "grad_norm", "clip_ratio", "clip_ratio_low",
-              "clip_ratio_high", "ratio_mean", "adv_abs_mean", "entropy", "frac_reward_zero_std",
-              "off_policy_masked", "train_token_util")
 
 
 def _log(run: Run, msg: str, *args: Any) -> None:
@@ -287,8 +284,8 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
             ro, cfg.sagc, max_new_tokens=cfg.sampling.max_new_tokens,
             decode_chunk=cfg.sampling.decode_chunk, agree_seconds=hosts.seconds))
         new = _observed(run, new)
-        row = metrics_row(run, step, gv, m, sagc_m, run.sampler.prompt_bucket_for(plen),
-                          run.layout.completion_len)
+        row = metrics_row(step, gv, m, sagc_m, run.sampler.prompt_bucket_for(plen),
+                          run.layout.completion_len, float(run.lr_schedule(step)))
         row.update(rollout_s=rollout_s, train_s=train_s)
         ev = cfg.run.eval_every
         if run.eval is not None and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
@@ -304,48 +301,6 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
     except Exception as e:
         raise _Updated(new) from e
     return new, row
-
-
-#: Multi-turn rollouts' metrics (`rollout.episodes.play`): model turns per episode, the
-#: environment's share of the episodes' tokens, its mean return and its seconds.
-_EPISODE_KEYS = ("episode_turns", "env_token_frac", "env_return_mean", "env_s")
-
-
-def metrics_row(run: Run, step: int, ro: Any, m: dict[str, float], sagc_m: dict[str, Any],
-                prompt_len: int, completion_len: int) -> dict[str, Any]:
-    """The metrics.jsonl row of a step from its global rollout `ro` (timings added by caller)."""
-    g = ro.group_size
-    v = ro.valid
-    lens = ro.lengths[v] if v.any() else ro.lengths
-    return {
-        "step": step + 1, "group_size": g, "prompts": len(ro.lengths) // g,
-        "rows": len(ro.lengths),
-        "reward_mean": float(ro.raw_rewards[v].mean()) if v.any() else 0.0,
-        "reward_std": float(ro.raw_rewards[v].std()) if v.any() else 0.0,
-        "shaped_reward_mean": float(ro.rewards[v].mean()) if v.any() else 0.0,
-        "len_mean": float(lens.mean()), "len_max": int(ro.lengths.max()),
-        "truncated_frac": float(ro.truncated.mean()),
-        "kept_groups": int(v.sum() // g), "rollout_rounds": ro.stats["rollout_rounds"],
-        "reward_errors": ro.reward_errors,
-        "padding_waste": int(ro.stats["padding_waste"]),
-        "decode_steps": int(ro.stats["decode_steps"]), "train_len": completion_len,
-        "prompt_len": prompt_len, "lr": float(run.lr_schedule(step)),
-        **{k: m[k] for k in _LOSS_KEYS if k in m},
-        **sagc_m,
-        "prefill_s": ro.stats["prefill_s"], "decode_s": ro.stats["decode_s"],
-        "reward_s": ro.stats["reward_s"],
-        **{k: ro.stats[k] for k in _EPISODE_KEYS if k in ro.stats},
-    }
-
-
-def trace_row(step: int, ro: Any, max_new_tokens: int) -> dict[str, Any]:
-    """trace.jsonl row: per kept group, lengths, truncated flags and raw rewards."""
-    g = ro.group_size
-    return {"step": step + 1, "group_size": g, "max_new_tokens": max_new_tokens,
-            "groups": [{"lengths": ro.lengths[i * g:(i + 1) * g].tolist(),
-                        "truncated": ro.truncated[i * g:(i + 1) * g].tolist(),
-                        "rewards": ro.raw_rewards[i * g:(i + 1) * g].round(6).tolist()}
-                       for i in range(len(ro.lengths) // g) if ro.valid[i * g]]}
 
 
 def guarded_step(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str, Any]]:

@@ -30,8 +30,8 @@ from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import make_mesh_from_config
+from sagc_jax.rewards import RewardFn, build_reward_fns, with_timeout
 from sagc_jax.rl.batch import LayoutSpec
-from sagc_jax.rl.rewards import RewardFn, build_reward_fns, with_timeout
 from sagc_jax.rollout import CollectSettings, PromptStream
 from sagc_jax.rollout.episodes import EpisodeSettings
 from sagc_jax.sagc import make_policy

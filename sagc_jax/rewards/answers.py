@@ -1,6 +1,6 @@
 """Answer-matching reward functions: the numeric final answer of a completion (``#### N``,
 ``\\boxed{N}`` or the last number) against the example's ``answer`` column, and the ``#### N``
-format check. Built-ins of :data:`sagc_jax.rl.rewards.BUILTIN_REWARDS` (``exact_answer``,
+format check. Built-ins of :data:`sagc_jax.rewards.registry.BUILTIN_REWARDS` (``exact_answer``,
 ``gsm8k``, ``format``); each follows the TRL convention ``fn(prompts, completions, **columns)``.
 """
 

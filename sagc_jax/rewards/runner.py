@@ -1,230 +1,50 @@
-"""Reward functions (host-side Python, TRL convention) and their safe evaluation.
+"""Evaluating a reward bundle safely: per-call timeouts, value checks, weighted totals.
 
-A reward function is any callable ``fn(prompts: list[str], completions: list[str], **columns)
--> list[float]`` where ``columns`` are the dataset's other columns as lists aligned with
-``completions`` (e.g. ``answer=[...]``). A function should accept ``**kwargs`` so unknown columns
-are ignored. ``None`` in the returned list means "not applicable to this example" (TRL) and counts
-as 0.0 in the total; a completion that *every* function scores ``None`` is marked unscored
-(:attr:`RewardResult.scored`), so the learner leaves it out of its group's statistics and the loss.
+:func:`compute_rewards` evaluates a bundle of :class:`~sagc_jax.rewards.registry.RewardFn`
+and returns the weighted total plus per-function values, turning any misbehaviour (an
+exception, the wrong number of values, a non-finite or non-numeric value) into a
+:class:`RewardError` naming the function and the example index — or, with ``on_error="zero"``, a
+0 reward for the offending examples, counted and reported. ``None`` in a function's list means
+"not applicable to this example" (TRL) and counts as 0.0 in the total; a completion that *every*
+function scores ``None`` is marked unscored (:attr:`RewardResult.scored`), so the learner leaves
+it out of its group's statistics and the loss.
 
-In the config, rewards are named by a built-in name (:data:`BUILTIN_REWARDS`) or as
-``"package.module:function"``, each with a weight; :func:`compute_rewards` evaluates them and
-returns the weighted total plus per-function values, turning any misbehaviour (an exception, the
-wrong number of values, a non-finite or non-numeric value) into a :class:`RewardError` naming the
-function and the example index — or, with ``on_error="zero"``, a 0 reward for the offending
-examples, counted and reported.
-
-A function with a ``timeout_s`` (config ``reward_timeout_s``, :func:`with_timeout`) is called in
-a worker thread and waited for at most that long per call; a call that does not return in time
-is a failure like an exception (retried one example at a time to name the example). A Python
-thread cannot be stopped: the stuck call is abandoned and keeps running in a daemon thread
+A function with a ``timeout_s`` (config ``reward_timeout_s``, `registry.with_timeout`) is called
+in a worker thread and waited for at most that long per call; a call that does not return in
+time is a failure like an exception (retried one example at a time to name the example). A
+Python thread cannot be stopped: the stuck call is abandoned and keeps running in a daemon thread
 (it holds whatever CPU or memory it uses until it returns or the process exits).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import math
-import os
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from sagc_jax.rl.answer_rewards import (  # the answer-matching built-ins, re-exported
-    exact_answer_reward,
-    extract_final_answer,
-    extract_gsm8k_answer,
-    format_reward,
-    gsm8k_reward,
-    normalize_number,
-)
-from sagc_jax.rl.verifiers import (
-    math_verify_reward,
-    reasoning_gym_reward,
-    reasoning_gym_strict_reward,
-)
+from sagc_jax.rewards.registry import RewardFn, check_unique
 
 __all__ = [
-    "BUILTIN_REWARDS",
+    "NOT_COLUMNS",
     "RewardError",
-    "RewardFn",
     "RewardResult",
-    "build_reward_fns",
+    "RewardTimeout",
     "call_with_timeout",
     "compute_rewards",
-    "exact_answer_reward",
-    "extract_final_answer",
-    "extract_gsm8k_answer",
-    "format_reward",
-    "gsm8k_reward",
-    "normalize_number",
-    "resolve_named",
-    "resolve_reward",
     "score_groups",
-    "with_timeout",
 ]
 
 logger = logging.getLogger(__name__)
-
-RewardCallable = Callable[..., Sequence[Any]]
 
 
 class RewardError(RuntimeError):
     """A reward function raised or returned something unusable."""
 
-
-class RewardNameError(ValueError):
-    """A reward name that resolves to no callable (a config error: the message names it)."""
-
-
-
-#: Built-in reward functions by config name.
-BUILTIN_REWARDS: dict[str, RewardCallable] = {
-    "exact_answer": exact_answer_reward,
-    "gsm8k": gsm8k_reward,
-    "format": format_reward,
-    # External verifiers (rl/verifiers.py): reasoning-gym's score_answer, HF math-verify.
-    "reasoning_gym": reasoning_gym_reward,
-    "reasoning_gym_strict": reasoning_gym_strict_reward,
-    "math_verify": math_verify_reward,
-}
-
-
-def resolve_reward(name: str) -> RewardCallable:
-    """A reward callable from a built-in name or ``"package.module:function"``.
-
-    Raises:
-      RewardNameError: unknown built-in (lists them), unimportable module, missing or
-        non-callable attribute — each message names what was asked for.
-    """
-    return resolve_named(name, BUILTIN_REWARDS, kind="reward", error=RewardNameError)
-
-
-def resolve_named(name: str, builtins: Mapping[str, Any], *, kind: str,
-                  error: type[ValueError], form: str = "package.module:function") -> Any:
-    """A callable from a built-in name (a key of `builtins`) or ``"package.module:attr"``: the
-    one name lookup of the config's plug-ins (rewards here, environments in `sagc_jax.envs`).
-
-    `kind` names the plug-in in messages ("reward", "env"), `form` its spelled-out name;
-    `error` is raised, with one line
-    naming what was asked for: an unknown built-in (listing them), an unimportable module, a
-    missing or non-callable attribute.
-    """
-    if not isinstance(name, str) or not name:
-        raise error(f"{kind} name must be a non-empty string, got {name!r}")
-    if name in builtins:
-        return builtins[name]
-    if ":" not in name:
-        raise error(
-            f"unknown {kind} {name!r}; built-ins: {', '.join(sorted(builtins))} "
-            f"(or use '{form}')"
-        )
-    mod_name, _, attr = name.partition(":")
-    if not mod_name or not attr:
-        raise error(f"{kind} {name!r}: expected '{form}'")
-    module = _import_module(name, mod_name, kind, error)
-    fn: Any = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise error(f"{kind} {name!r}: module {mod_name!r} has no attribute {attr!r}")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise error(f"{kind} {name!r}: {attr!r} is not callable")
-    return fn
-
-
-def _import_module(name: str, mod_name: str, kind: str, error: type[ValueError]) -> Any:
-    """Imports a plug-in's module; a module in the current directory is found too (as with
-    `python -m`), also when running the installed `sagc-jax` script, whose sys.path lacks it."""
-    cwd = os.getcwd()
-    top = mod_name.split(".")[0]
-    for attempt in range(2):
-        try:
-            return importlib.import_module(mod_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != top:  # the module exists but imports something missing
-                raise error(f"{kind} {name!r}: cannot import module {mod_name!r}: "
-                            f"{exc}") from None
-            if attempt or cwd in sys.path or "" in sys.path:
-                break
-            sys.path.append(cwd)
-        except Exception as exc:
-            raise error(f"{kind} {name!r}: importing module {mod_name!r} failed: "
-                        f"{type(exc).__name__}: {exc}") from None
-    raise error(f"{kind} {name!r}: cannot import module {mod_name!r}: no module "
-                f"{top!r} in the current directory ({cwd}) or on the Python path "
-                "(set PYTHONPATH to its directory)")
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardFn:
-    """A named, weighted reward function."""
-
-    name: str
-    fn: RewardCallable
-    weight: float = 1.0
-    timeout_s: float | None = None  # seconds per call; None waits forever (see the module doc)
-
-    @classmethod
-    def from_name(cls, name: str, weight: float = 1.0) -> RewardFn:
-        """Resolve ``name`` with :func:`resolve_reward`."""
-        return cls(name, resolve_reward(name), float(weight))
-
-
-def build_reward_fns(spec: Any) -> list[RewardFn]:
-    """Reward bundle from a config value.
-
-    Accepts a name (``"exact_answer"``), a list of names, a mapping ``{name: weight}``, or a list
-    of mappings ``{"name": ..., "weight": ...}``, objects with ``.name``/``.weight`` (the config's
-    ``RewardSpec``) or ``RewardFn`` objects.
-    """
-    if isinstance(spec, str):
-        items: list[tuple[str, float]] = [(spec, 1.0)]
-    elif isinstance(spec, Mapping):
-        items = [(str(k), float(v)) for k, v in spec.items()]
-    else:
-        items = []
-        out_fns: list[RewardFn] = []
-        for entry in spec:
-            if isinstance(entry, RewardFn):
-                out_fns.append(entry)
-            elif isinstance(entry, str):
-                items.append((entry, 1.0))
-            elif isinstance(entry, Mapping) and "name" in entry:
-                items.append((str(entry["name"]), float(entry.get("weight", 1.0))))
-            elif hasattr(entry, "name") and not callable(entry):  # e.g. config.RewardSpec
-                items.append((str(entry.name), float(getattr(entry, "weight", 1.0))))
-            else:
-                raise ValueError(f"bad reward entry {entry!r}: expected name or {{name, weight}}")
-        if out_fns:
-            fns = out_fns + [RewardFn.from_name(n, w) for n, w in items]
-            _check_unique(fns)
-            return fns
-    fns = [RewardFn.from_name(n, w) for n, w in items]
-    if not fns:
-        raise ValueError("no reward functions configured")
-    _check_unique(fns)
-    return fns
-
-
-def with_timeout(fns: Sequence[RewardFn], timeout_s: float | None) -> list[RewardFn]:
-    """The bundle with every function's per-call `timeout_s` set (None: no timeout)."""
-    return [dataclasses.replace(f, timeout_s=timeout_s) for f in fns]
-
-
-def _check_unique(fns: Sequence[RewardFn]) -> None:
-    names = [f.name for f in fns]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ValueError(f"reward functions listed more than once: {dup}")
-
-
-# ----------------------------------------------------------------------------- evaluation
 
 
 @dataclasses.dataclass
@@ -396,7 +216,7 @@ def compute_rewards(
         if len(v) != n:
             raise ValueError(f"column {k!r} has {len(v)} values for {n} completions")
         cols[k] = v
-    _check_unique(reward_fns)
+    check_unique(reward_fns)
 
     total = np.zeros(n, dtype=np.float32)
     scored = np.zeros(n, dtype=bool)
