@@ -429,7 +429,7 @@ def test_gemma3_sampler_has_no_compiles_after_compile_all(loaded):
 
 
 def test_hub_id_resolves_through_the_local_cache_and_offline_fails_in_one_line(
-        tiny_hf_dir, tmp_path, monkeypatch):
+        tiny_hf_dir, tmp_path, monkeypatch):  # noqa: F811
     """Issue 51: `model.path: owner/name` is found in the local Hugging Face cache as
     transformers finds it (the trainer's build and the dry run's config read); an id that is
     not cached fails offline in one line naming the id and how to allow the download."""
