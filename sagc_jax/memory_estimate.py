@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AbstractMesh
 
-from sagc_jax.config.schema import LoRASection
+from sagc_jax.config.model import LoRASection
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.build import with_lora
 from sagc_jax.models.lora import A_SUFFIX, B_SUFFIX

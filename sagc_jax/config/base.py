@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
+from annotated_types import Ge
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from sagc_jax.config.errors import ConfigError, format_validation_error, rule_error
 
-__all__ = ["Bool", "Float", "Int", "Section", "Str", "field", "rule_error"]
+__all__ = ["Bool", "Float", "Int", "PosInt", "Section", "Str", "field", "rule_error"]
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
+PosInt = Annotated[Int, Ge(1)]  # a count of at least one (tuple elements: bounds go here)
 
 
 def field(default: Any = ..., doc: str = "", **bounds: Any) -> Any:
