@@ -116,15 +116,15 @@ def patched(old_residuals: bool, old_entropy: bool) -> Iterator[None]:
     import sagc_jax.models.precision as precision
     import sagc_jax.rl.train_step as train_step
 
-    saved = precision._mixed, train_step.token_logprobs_and_entropy
+    saved = precision.mixed_matmul, train_step.token_logprobs_and_entropy
     if old_residuals:
-        precision._mixed = _mixed_bf16_residuals
+        precision.mixed_matmul = _mixed_bf16_residuals
     if old_entropy:
         train_step.token_logprobs_and_entropy = _old_entropy
     try:
         yield
     finally:
-        precision._mixed, train_step.token_logprobs_and_entropy = saved
+        precision.mixed_matmul, train_step.token_logprobs_and_entropy = saved
 
 
 def host_memory_pair(args: argparse.Namespace) -> None:

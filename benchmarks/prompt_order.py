@@ -6,7 +6,7 @@
 (32 prompts, no training between them) in its recorded order, which is the task generator's
 order and carries no information. The known-parameter plan is solved per 100-step window, so it
 knows which of the 32 prompts each window holds. This replays the same records in shuffled
-orders (seeds 1..N) through `benchmarks/sagc_suite.py`'s own jobs, 40 seeds each, beside the
+orders (seeds 1..N) through `tools/sagc_suite.py`'s own jobs, 40 seeds each, beside the
 recorded order and the bootstrap replay. The figures are in benchmarks/sagc_sim.md.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for `tools`
 
-import sagc_suite as suite  # noqa: E402
+from tools import sagc_suite as suite  # noqa: E402
 
 TIME = "smollm2_static16_replay_time"
 TRACE = ROOT / "configs" / "sim" / "traces" / "smollm2_static16_trace.jsonl"

@@ -47,7 +47,7 @@ CONFIG = ROOT / "configs" / "smollm2-135m_rg_cpu.yaml"
 
 
 def _gguf() -> str:
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
     from smollm2_task_probe import gguf_path
 
     return gguf_path()

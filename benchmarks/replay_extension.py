@@ -19,7 +19,7 @@ built by that rule. The one recording with 16 real rows a group
 2. **The suite's verdict with and without the rule.** The same recording cut to its first 8 rows
    a group (a temporary trace under runs/, replayed exactly like the probe replay), against the
    full recording (`smollm2_static16_replay`): SAGC against the known-parameter causal plan and
-   the best in-budget static G, 40 seeds, `benchmarks/sagc_suite.py`'s own jobs and cache.
+   the best in-budget static G, 40 seeds, `tools/sagc_suite.py`'s own jobs and cache.
 
 The figures are in benchmarks/sagc_sim.md ("Replays above the recorded group size").
 """
@@ -34,12 +34,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import sagc_suite as suite  # noqa: E402
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for `tools`
 
 from sagc_jax.sagc.events import tail_share  # noqa: E402
 from sagc_jax.sagc.workload import PASS_GRID, pass_rate_posteriors  # noqa: E402
+from tools import sagc_suite as suite  # noqa: E402
 
 TRACE = ROOT / "configs" / "sim" / "traces" / "smollm2_static16_trace.jsonl"
 FULL = ROOT / "configs" / "sim" / "real" / "smollm2_static16_replay.yaml"

@@ -1,33 +1,20 @@
 """The docs stay true to the code: docs/config.md is the schema's current reference, and the
-docs cite only modules, files and link targets that exist (scripts/gen_config_docs.py,
-scripts/check_docs.py)."""
+docs cite only modules, files and link targets that exist (tools/gen_config_docs.py,
+tools/check_docs.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
-from types import ModuleType
 from typing import Annotated
 
 import pytest
 from annotated_types import Ge
 
+from tools import check_docs as check
+from tools import gen_config_docs as gen
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _script(name: str) -> ModuleType:
-    """Import ``scripts/<name>.py`` (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"_docs_{name}", ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gen = _script("gen_config_docs")
-check = _script("check_docs")
 
 
 def test_config_md_is_current() -> None:
@@ -56,7 +43,7 @@ def test_trl_map_names_real_keys() -> None:
     from sagc_jax.config import config_keys
 
     stale = sorted(set(gen.TRL_EQUIVALENTS) - set(config_keys()))
-    assert not stale, f"scripts/gen_config_docs.py TRL_EQUIVALENTS names unknown keys: {stale}"
+    assert not stale, f"tools/gen_config_docs.py TRL_EQUIVALENTS names unknown keys: {stale}"
     text = gen.render()
     assert "| `algo.clip_delta` |" in text and "| `delta` |" in text
 
@@ -96,7 +83,7 @@ def test_docs_cite_only_what_exists() -> None:
     relative links all resolve."""
     arch = ROOT / "docs" / "architecture.md"
     found = check.problems([f for f in check.doc_files() if f != arch])
-    assert not found, "broken references in the docs (python scripts/check_docs.py):\n" + (
+    assert not found, "broken references in the docs (python -m tools.check_docs):\n" + (
         "\n".join(found))
 
 
@@ -105,7 +92,7 @@ def test_architecture_md_true_to_the_code() -> None:
     and functions those modules define. (It is edited with the code it describes; a failure
     names the stale line to fix.)"""
     found = check.problems([ROOT / "docs" / "architecture.md"])
-    assert not found, "docs/architecture.md is stale (python scripts/check_docs.py):\n" + (
+    assert not found, "docs/architecture.md is stale (python -m tools.check_docs):\n" + (
         "\n".join(found))
 
 
@@ -155,11 +142,11 @@ def test_link_and_name_checks_catch_missing(tmp_path: pathlib.Path) -> None:
 
 def test_main_job_figures_are_regenerated_from_the_committed_run() -> None:
     """README's main-job row and docs/results/tiny_cpu.md's table are what
-    `scripts/main_job_figures.py` prints from the run's committed raw files."""
+    `tools/main_job_figures.py` prints from the run's committed raw files."""
     import re
     import subprocess
 
-    out = subprocess.run([sys.executable, "scripts/main_job_figures.py", "docs/results/tiny_cpu"],
+    out = subprocess.run([sys.executable, "-m", "tools.main_job_figures", "docs/results/tiny_cpu"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
     assert out in (ROOT / "docs" / "results" / "tiny_cpu.md").read_text()
     reward = re.search(r"completions\) \| ([\d.]+) \| \*\*([\d.]+)\*\*", out).groups()
@@ -172,11 +159,11 @@ def test_main_job_figures_are_regenerated_from_the_committed_run() -> None:
 
 def test_tool_job_figures_are_regenerated_from_the_committed_run() -> None:
     """docs/results/tiny_cpu_tool.md's tables and the README's tools row are what
-    `scripts/tool_job_figures.py` prints from the run's committed raw files."""
+    `tools/tool_job_figures.py` prints from the run's committed raw files."""
     import re
     import subprocess
 
-    out = subprocess.run([sys.executable, "scripts/tool_job_figures.py",
+    out = subprocess.run([sys.executable, "-m", "tools.tool_job_figures",
                           "docs/results/tiny_cpu_tool"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
     page = (ROOT / "docs" / "results" / "tiny_cpu_tool.md").read_text()
@@ -190,11 +177,11 @@ def test_tool_job_figures_are_regenerated_from_the_committed_run() -> None:
 
 
 def test_gemma3_run_figures_are_regenerated_from_the_committed_run() -> None:
-    """docs/results/gemma3/README.md's table is what `scripts/main_job_figures.py` prints from
+    """docs/results/gemma3/README.md's table is what `tools/main_job_figures.py` prints from
     the Gemma 3 270M run's committed raw files."""
     import subprocess
 
-    out = subprocess.run([sys.executable, "scripts/main_job_figures.py", "docs/results/gemma3",
+    out = subprocess.run([sys.executable, "-m", "tools.main_job_figures", "docs/results/gemma3",
                           "--untrained", "docs/results/gemma3/eval_untrained.json", "--lengths"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
     assert out in (ROOT / "docs" / "results" / "gemma3" / "README.md").read_text()
@@ -202,7 +189,8 @@ def test_gemma3_run_figures_are_regenerated_from_the_committed_run() -> None:
 
 def test_every_readme_result_row_names_the_command_that_regenerates_it() -> None:
     """Issue 50: every row of the README's Results table names a command (a committed script or
-    module run on the raw files beside its page), and that script or module exists."""
+    module run on the raw files beside its page), and that script or module exists: `python
+    X.py`, `bash X.sh`, or `python -m a.b` (a/b.py, or a package a/b/ with a __main__.py)."""
     import re
 
     text = (ROOT / "README.md").read_text()
@@ -214,5 +202,9 @@ def test_every_readme_result_row_names_the_command_that_regenerates_it() -> None
         assert cmds, f"README Results row without a regeneration command: {row[:60]}"
         for cmd in cmds:
             words = cmd.split()
-            target = (words[2].replace(".", "/") + ".py") if words[1] == "-m" else words[1]
-            assert (ROOT / target).exists(), f"{row[:40]}: {cmd} names a missing {target}"
+            if words[1] == "-m":
+                mod = ROOT / words[2].replace(".", "/")
+                target = mod.with_suffix(".py") if not mod.is_dir() else mod / "__main__.py"
+            else:
+                target = ROOT / words[1]
+            assert target.is_file(), f"{row[:40]}: {cmd} names a missing {target}"

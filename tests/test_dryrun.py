@@ -265,7 +265,8 @@ def test_fake_pod_from_the_config_mesh():
     assert out["compiled_note"] == "not compiled (--no-compile)"
 
 
-SCRIPTS = ["launch/local.sh", "launch/gpu.sh", "launch/tpu_pod.sh", "benchmarks/gpu.sh"]
+SCRIPTS = ["launch/local.sh", "launch/gpu.sh", "launch/tpu_pod.sh", "tools/gpu.sh",
+           "tools/prepare_gpu_wheels.sh", "tools/sagc_ablation.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -276,6 +277,16 @@ def test_shell_scripts_parse(script):
     assert os.access(path, os.X_OK)
     r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_every_tool_shell_script_parses():
+    """Every tools/*.sh (gpu_profile.sh runs on without -e: a failed variant costs its line)."""
+    paths = sorted((ROOT / "tools").glob("*.sh"))
+    assert {p.name for p in paths} >= {"gpu.sh", "gpu_profile.sh", "sagc_ablation.sh"}
+    for path in paths:
+        assert path.read_text().startswith("#!/usr/bin/env bash\n#"), path.name
+        r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert r.returncode == 0, (path.name, r.stderr)
 
 
 def test_tpu_pod_script_builds_the_remote_command(tmp_path):

@@ -1,4 +1,4 @@
-"""The prepared GPU call (`benchmarks/gpu.sh`, issue 35) run on a CPU with tiny shapes, so the
+"""The prepared GPU call (`tools/gpu.sh`, issue 35) run on a CPU with tiny shapes, so the
 device run cannot fail on an import, a path or a typo; plus the pure pieces it reports with
 (peaks, the roofline's bytes, model FLOPs, the time-model fit)."""
 
@@ -14,12 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from tools import gpu_bench, gpu_steps, gpu_timing
 
-import gpu_bench  # noqa: E402
-import gpu_steps  # noqa: E402
-import gpu_timing  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PARTS = ("env", "train", "decode", "timing", "sagc")
 
@@ -45,7 +42,7 @@ def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp / "out"
     env = {**os.environ, "PYTHON": sys.executable, "GPU_WHEELS": str(tmp / "wheels"),
            "GPU_SITE": str(tmp / "site"), "XLA_FLAGS": "", "BENCH_ARGS": "--sim-procs 2"}
-    r = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--cpu-smoke", str(out)],
+    r = subprocess.run(["bash", str(ROOT / "tools/gpu.sh"), "--cpu-smoke", str(out)],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     return out, r
 
@@ -148,9 +145,9 @@ def test_unknown_device_needs_both_peaks():
 def test_env_part_refuses_an_unknown_device_in_one_line(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_bench.py"), "env", "--out",
+    r = subprocess.run([sys.executable, "-m", "tools.gpu_bench", "env", "--out",
                         str(tmp_path / "env.json")], capture_output=True, text=True, env=env,
-                       timeout=300)
+                       cwd=ROOT, timeout=300)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "gpu_bench env: error: unknown device 'cpu' (peaks known for: NVIDIA H200, NVIDIA H100 "
@@ -231,9 +228,9 @@ def test_fit_linear_keeps_terms_non_negative():
 
 
 def test_gpu_report_matches_the_readme():
-    """benchmarks/README.md's H200 tables are what gpu_report.py prints from the committed raw
-    files (the report's table rows and figure lines appear there verbatim)."""
-    import gpu_report
+    """benchmarks/README.md's H200 tables are what tools/gpu_report.py prints from the
+    committed raw files (the report's table rows and figure lines appear there verbatim)."""
+    from tools import gpu_report
 
     text = gpu_report.report(gpu_report.DEFAULT)
     readme = (ROOT / "benchmarks" / "README.md").read_text()
@@ -251,7 +248,7 @@ def test_summarize_trace_sums_device_kernels(tmp_path):
     """Device lines only (not the host's), kernels classed by name, busy = interval union."""
     import gzip
 
-    import gpu_profile
+    from tools import gpu_profile
 
     ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
           {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},

@@ -230,6 +230,32 @@ def test_architecture_doc_cites_real_modules():
     assert cited and missing == []
 
 
+def top_level_imports(files: list[Path]) -> dict[str, set[str]]:
+    """File (relative to the root) -> the top-level names of its absolute imports."""
+    out = {}
+    for f in files:
+        names = set()
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+        out[f.relative_to(ROOT).as_posix()] = names
+    return out
+
+
+def test_research_code_stays_out_of_the_way():
+    """Issue 52: the product imports neither the tested tools nor the research code; the tests
+    and the tools never import the research code (benchmarks/, run by hand)."""
+    product = top_level_imports(sorted(PKG.rglob("*.py")))
+    assert {f: n & {"tools", "benchmarks"} for f, n in product.items()
+            if n & {"tools", "benchmarks"}} == {}
+    others = top_level_imports(sorted([*(ROOT / "tests").glob("*.py"),
+                                       *(ROOT / "tools").rglob("*.py")]))
+    assert [f for f, n in others.items() if "benchmarks" in n] == []
+    assert any("tools" in n for f, n in others.items() if f.startswith("tests/"))
+
+
 if __name__ == "__main__":
     g = import_graph()
     for c in cycles(g):

@@ -1,7 +1,7 @@
 """The real SmolLM2 SAGC run's decisions are reproducible (issue 32): its logged observations,
 replayed through the controller with the run's own sagc config and `timing: model`, give the
 same G at every step and the same logged straggler cost, queue and risks. Data committed under
-docs/results/smollm2/run_files/ (scripts/compare_real_runs.py --copy), so this never skips."""
+docs/results/smollm2/run_files/ (tools/compare_real_runs.py --copy), so this never skips."""
 
 from __future__ import annotations
 
@@ -132,14 +132,10 @@ def test_saved_pre_rewrite_config_loads_for_eval_and_export(tmp_path):
 
 
 def test_compare_real_runs_recomputes_the_committed_table():
-    """scripts/compare_real_runs.py (the committed comparison's source) still reads the run
+    """tools/compare_real_runs.py (the committed comparison's source) still reads the run
     files: its per-run rows equal those committed in sagc_vs_static_table.md."""
-    import importlib.util
+    from tools import compare_real_runs as mod
 
-    script = RUNS.parents[3] / "scripts/compare_real_runs.py"
-    spec = importlib.util.spec_from_file_location("compare_real_runs", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     runs = {n: mod.load_run(RUNS / n) for n in ("sagc", "static-4", "static-16")}
     rows = mod.table(runs, 0.6)[2:]
     committed = (RUNS.parent / "sagc_vs_static_table.md").read_text().splitlines()

@@ -1,7 +1,7 @@
 """Reliability (issue 34): the short versions of the fuzz and chaos harnesses of
-`benchmarks/reliability/` (configs, datasets, checkpoints, misbehaving rewards, no network) and
+`tools/reliability/` (configs, datasets, checkpoints, misbehaving rewards, no network) and
 regression tests of the error paths they found. The long versions: `python -m
-benchmarks.reliability` (docs/results/reliability.md)."""
+tools.reliability` (docs/results/reliability.md)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from reliability import (  # noqa: E402
+from sagc_jax import checkpoint as ckpt
+from sagc_jax.cli import main
+from sagc_jax.config import ConfigError, load_config
+from sagc_jax.data.readers import DataError, read_examples
+from sagc_jax.models.config import ModelConfigError
+from sagc_jax.models.hf_config import from_hf_dict
+from sagc_jax.rewards import (
+    RewardError,
+    RewardFn,
+    compute_rewards,
+    with_timeout,
+)
+from tools.reliability import (
     fuzz_ckpt,
     fuzz_config,
     fuzz_data,
@@ -29,18 +38,7 @@ from reliability import (  # noqa: E402
     fuzz_tasks,
 )
 
-from sagc_jax import checkpoint as ckpt  # noqa: E402
-from sagc_jax.cli import main  # noqa: E402
-from sagc_jax.config import ConfigError, load_config  # noqa: E402
-from sagc_jax.data.readers import DataError, read_examples  # noqa: E402
-from sagc_jax.models.config import ModelConfigError  # noqa: E402
-from sagc_jax.models.hf_config import from_hf_dict  # noqa: E402
-from sagc_jax.rewards import (  # noqa: E402
-    RewardError,
-    RewardFn,
-    compute_rewards,
-    with_timeout,
-)
+ROOT = Path(__file__).resolve().parent.parent
 
 # ------------------------------------------------------------------------------ configs
 

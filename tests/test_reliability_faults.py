@@ -1,7 +1,7 @@
 """Storage faults and signals in every phase (issue 50): short versions of
-`benchmarks/reliability/storage.py` and `signal_phases.py` (real `sagc-jax train` runs, a fault
+`tools/reliability/storage.py` and `signal_phases.py` (real `sagc-jax train` runs, a fault
 injected at an exact moment, then rerun and compared with an uninterrupted run), and regression
-tests of what they found. The long versions: `python -m benchmarks.reliability --only storage`
+tests of what they found. The long versions: `python -m tools.reliability --only storage`
 / `--only signals` (docs/results/reliability.md)."""
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from sagc_jax import cli_errors
+from sagc_jax.metrics import RunWriter, truncate_after
+from sagc_jax.train import loop
+from tools.reliability import signal_phases, storage
+from tools.reliability.inject import run_child
+from tools.reliability.kills import child_env
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from reliability import signal_phases, storage  # noqa: E402
-from reliability.inject import run_child  # noqa: E402
-from reliability.kills import child_env  # noqa: E402
-
-from sagc_jax import cli_errors  # noqa: E402
-from sagc_jax.metrics import RunWriter, truncate_after  # noqa: E402
-from sagc_jax.train import loop  # noqa: E402
 
 
 def _mount_or_skip(tmp_path: Path) -> None:
@@ -209,8 +207,8 @@ def test_closed_event_loop_callbacks_are_dropped_and_nothing_else(tmp_path):
 
 def test_the_pages_tables_are_the_committed_records():
     """docs/results/reliability.md's storage and signal tables are what `python -m
-    benchmarks.reliability.table` prints from the committed per-case records."""
-    from reliability.table import table
+    tools.reliability.table` prints from the committed per-case records."""
+    from tools.reliability.table import table
 
     page = (ROOT / "docs" / "results" / "reliability.md").read_text()
     for name, least in (("storage", 50), ("signals", 40)):

@@ -465,7 +465,7 @@ FIELD_TESTS = {
 
 def test_every_field_has_a_test():
     """Each SAGCConfig field maps to a test of this module that names it (as ``name=``,
-    ``"name"`` or ``cfg.name``: the knob audit's pattern, scripts/sagc_knob_audit.py)."""
+    ``"name"`` or ``cfg.name``: the knob audit's pattern, benchmarks/probes/sagc_knob_audit.py)."""
     import inspect
     import re
 

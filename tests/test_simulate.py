@@ -196,6 +196,58 @@ def test_replay_extension_pass_rates_are_empirical_bayes():
     assert pass_rate_posteriors(np.zeros(5, int), np.full(5, 8))[:, 0].min() > 0.99
 
 
+def test_replay_extension_on_the_real_g16_recording(tmp_path):
+    """The one recording with 16 real rows a group (configs/sim/traces/smollm2_static16_trace.jsonl;
+    the study: benchmarks/replay_extension.py, figures in benchmarks/sagc_sim.md). Keep n of each
+    group's rows, extend back to 16: rows added by the plug-in k / n never make a group
+    informative, so it reads informative at 16 as informative at n; the rule (empirical Bayes)
+    reads it above the plug-in and below the real rows, and above Jeffreys from 8 rows. And the
+    simulator's replay of the recording cut to 8 rows a group turns some one-sided groups
+    informative at 16, which the plug-in could not."""
+    from pathlib import Path
+
+    from sagc_jax.sagc.workload import PASS_GRID, pass_rate_posteriors
+
+    root = Path(__file__).resolve().parents[1]
+    trace = root / "configs/sim/traces/smollm2_static16_trace.jsonl"
+    recs = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    passes = np.array([np.asarray(g["rewards"]) > 0.5 for r in recs for g in r["groups"]])
+    informative = lambda r: r.any(-1) & ~r.all(-1)  # noqa: E731
+    real = informative(passes).mean()
+    rng = np.random.default_rng(0)
+    for n in (4, 8):
+        fig: dict[str, list[float]] = {"plug": [], "jeff": [], "eb": [], "at_n": []}
+        for _ in range(20):
+            kept = np.take_along_axis(passes, np.argsort(rng.random(passes.shape), 1), 1)[:, :n]
+            k = kept.sum(1)
+            cdf = pass_rate_posteriors(k, np.full(len(k), n))
+            eb = PASS_GRID[np.minimum((cdf < rng.random((len(k), 1))).sum(1), len(PASS_GRID) - 1)]
+            fig["at_n"].append(informative(kept).mean())
+            for name, p in (("plug", k / n), ("jeff", rng.beta(k + 0.5, n - k + 0.5)),
+                            ("eb", eb)):
+                extra = rng.random((len(k), 16 - n)) < p[:, None]
+                fig[name].append(informative(np.concatenate([kept, extra], 1)).mean())
+        m = {name: float(np.mean(v)) for name, v in fig.items()}
+        assert m["plug"] == pytest.approx(m["at_n"], abs=1e-12), n
+        assert real > m["eb"] > m["plug"] and m["jeff"] > m["plug"], (n, m)
+    assert m["eb"] > m["jeff"], m  # from 8 rows, the rule above Jeffreys
+    # The replay of the recording cut to its first 8 rows a group, as the full one is replayed.
+    for r in recs:
+        r["group_size"] = 8
+        r["groups"] = [{key: v[:8] for key, v in g.items()} for g in r["groups"]]
+    (tmp_path / "first8.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    full = (root / "configs/sim/real/smollm2_static16_replay.yaml").read_text()
+    cfg = full.replace("../traces/smollm2_static16_trace.jsonl", "first8.jsonl")
+    assert cfg != full, "the full replay's trace path moved"
+    (tmp_path / "first8.yaml").write_text(cfg)
+    sim = load_sim_config(tmp_path / "first8.yaml", ["seed=0"])
+    gained = 0
+    for step in range(3):
+        drawn = sim.workload.draw(step).rewards > 0.5
+        gained += int((informative(drawn[:, :16]) & ~informative(drawn[:, :8])).sum())
+    assert gained > 0
+
+
 def test_time_ordered_trace_replay_keeps_the_runs_drift(tmp_path):
     # Steps 1-4 of a run: short completions in the first two, long ones in the last two.
     lines = []
@@ -352,17 +404,11 @@ def test_unwritable_out_is_refused_before_simulating(tmp_path, capsys):
 
 
 def test_replicates_benchmark_pools_over_seeds(tmp_path, capsys):
-    """benchmarks/sagc_replicates.py: its pooled benefit/s is Σ benefit / Σ seconds over the
+    """tools/sagc_replicates.py: its pooled benefit/s is Σ benefit / Σ seconds over the
     seeds of the same runs, and it names the best in-budget static rung."""
-    import importlib.util
-    from pathlib import Path
-
     from sagc_jax.sagc.simulate import make_policies, run_policies
+    from tools import sagc_replicates as mod
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sagc_replicates.py"
-    spec = importlib.util.spec_from_file_location("sagc_replicates", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     cfg = _write(tmp_path, SMALL)
     mod.main(["--config", str(cfg), "--steps", "20", "--seeds", "3", "--workers", "1",
               "--policies", "static-4,static-8,sagc", "--set", "sagc.delta=0.45",

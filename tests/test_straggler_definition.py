@@ -109,9 +109,9 @@ def test_real_grpo_run_trace_replays(name):
 
 
 def test_real_static16_recording_separates_the_rungs():
-    """The untrained model recorded at G = 16 (scripts/record_rollouts.py): 32 prompts x 16
-    rows; every rung replays recorded rows (no extrapolation), the tail share grows with g, and
-    at delta 0.6 static-4 is in budget, static-16 is not (docs/results/smollm2/
+    """The untrained model recorded at G = 16 (benchmarks/probes/record_rollouts.py): 32
+    prompts x 16 rows; every rung replays recorded rows (no extrapolation), the tail share grows
+    with g, and at delta 0.6 static-4 is in budget, static-16 is not (docs/results/smollm2/
     static16_recording.md)."""
     from sagc_jax.sagc.workload import load_trace_groups
 

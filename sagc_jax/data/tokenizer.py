@@ -2,7 +2,7 @@
 
 Every tokenizer — the packaged char-level one or a Hugging Face model's — is loaded through
 ``transformers.AutoTokenizer.from_pretrained`` so the rest of the code sees one interface.
-The packaged asset (``sagc_jax/assets/tokenizer``, rebuilt by ``scripts/build_tokenizer.py``) is a
+The packaged asset (``sagc_jax/assets/tokenizer``, rebuilt by ``tools/build_tokenizer.py``) is a
 character-level tokenizer over printable ASCII + newline/tab with ``<pad>`` = 0, ``<bos>`` = 1,
 ``<eos>`` = 2, ``<unk>`` = 3 and a minimal chat template.
 

@@ -36,7 +36,11 @@ def dot_f32(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _mixed(x: jax.Array, w: jax.Array, dtype: str, w_t: bool, out_dtype: str) -> jax.Array:
+def mixed_matmul(x: jax.Array, w: jax.Array, dtype: str, w_t: bool, out_dtype: str) -> jax.Array:
+    """x [m, in] @ w [in, out] (w [out, in] with `w_t`) with operands rounded to `dtype`,
+    float32 accumulation, the result in `out_dtype`; its custom VJP keeps the primals as the
+    residuals (below). What `matmul` calls when any dtype is not float32; looked up at trace
+    time, so a benchmark may patch in another VJP (benchmarks/packed_update.py)."""
     return _mixed_fwd(x, w, dtype, w_t, out_dtype)[0]
 
 
@@ -58,7 +62,7 @@ def _mixed_bwd(dtype, w_t, out_dtype, res, g):
     return dx, (row_major_t(dw) if w_t else dw).astype(w.dtype)
 
 
-_mixed.defvjp(_mixed_fwd, _mixed_bwd)
+mixed_matmul.defvjp(_mixed_fwd, _mixed_bwd)
 
 
 def matmul(x: jax.Array, w: jax.Array, dtype: str | None = None, *, w_t: bool = False,
@@ -73,5 +77,5 @@ def matmul(x: jax.Array, w: jax.Array, dtype: str | None = None, *, w_t: bool = 
     if x.dtype == w.dtype == dtype == out_dtype == "float32":
         return jnp.dot(x, w.T if w_t else w)
     lead = x.shape[:-1]
-    y = _mixed(x.reshape(-1, x.shape[-1]), w, dtype, w_t, out_dtype)
+    y = mixed_matmul(x.reshape(-1, x.shape[-1]), w, dtype, w_t, out_dtype)
     return y.reshape(*lead, y.shape[-1])

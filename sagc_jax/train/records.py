@@ -1,6 +1,6 @@
 """A step's rows: the metrics.jsonl row (`metrics_row`) and the trace.jsonl row (`trace_row`)
-of its global rollout, written by `train.loop.train_one` (`scripts/record_rollouts.py` writes
-trace rows too)."""
+of its global rollout, written by `train.loop.train_one` (`benchmarks/probes/record_rollouts.py`
+writes trace rows too)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 49 item 4: every controller constant that the shipped defaults read, at two other
+# values, 40 seeds, on the whole simulator suite (tools/sagc_suite.py, common random
+# numbers, every job cached under runs/sim_cache: a cut run resumes where it stopped).
+#
+#   bash tools/sagc_ablation.sh nobudget   # the shipped default (no straggler budget)
+#   bash tools/sagc_ablation.sh measured   # timing: measured on a noisy, drifting clock
+#   bash tools/sagc_ablation.sh budget     # a stated budget (the constants only it reads)
+#
+# Raw figures: benchmarks/results/sagc_ablation_<part>.json; the log beside it. Runs at
+# `nice 19` with one worker: it takes only the CPU other work leaves (hours of CPU per part).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+part=${1:?usage: sagc_ablation.sh nobudget|measured|budget}
+SEEDS=${SEEDS:-40}
+case $part in
+  nobudget)  # read without a budget: the length model, E[steps], change detection, benefit
+    sets=(--no-budget)
+    vs=(rung0=max_rung_step=0 rung2=max_rung_step=2 mc16=mc_samples=16 mc256=mc_samples=256
+        rows512=window_rows_min=512 rows8k=window_rows_min=8192
+        groups64=window_groups=64 groups1k=window_groups=1024
+        tprior100=trunc_prior_rows=100 tprior10k=trunc_prior_rows=10000
+        lenhl05=length_half_life_x=0.5 lenhl2=length_half_life_x=2
+        trendhl15=trend_half_life_x=1.5 trendhl6=trend_half_life_x=6
+        cwin16=change_window=16 cwin64=change_window=64
+        cthr8=change_threshold=8 cthr30=change_threshold=30
+        pass025=pass_threshold=0.25 pass075=pass_threshold=0.75) ;;
+  measured)  # per-shape timings measured on a clock with 15 % log-noise and 30 % drift
+    sets=(--no-budget --set sagc.timing=measured timing.noise=0.15 timing.drift=0.3)
+    vs=(ema01=cost_ema=0.1 ema06=cost_ema=0.6 ema1=cost_ema=1.0
+        floor025=cost_floor_frac=0.25 floor075=cost_floor_frac=0.75) ;;
+  budget)  # the workloads' stated budgets: what only a budget reads
+    sets=()
+    vs=(nohard=hard_filter=false noshare=share_budget=false
+        credhl1=credit_horizon_x=1 credhl10=credit_horizon_x=10
+        cap10=credit_cap=10 cap1k=credit_cap=1000
+        prior1=prior_a=1,prior_b=1 prior01=prior_a=0.1,prior_b=0.1
+        notrunc=count_truncated=false rung0=max_rung_step=0 rung2=max_rung_step=2) ;;
+  *) echo "sagc_ablation.sh: unknown part '$part' (nobudget, measured, budget)" >&2; exit 2 ;;
+esac
+args=()
+for v in "${vs[@]}"; do args+=(--variant "$v"); done
+out=benchmarks/results/sagc_ablation_$part
+nice -n "${NICE:-19}" python -m tools.sagc_suite --seeds "$SEEDS" --variant-seeds "$SEEDS" \
+  --pop-seeds "${POP_SEEDS:-10}" --workers "${WORKERS:-1}" "${sets[@]}" "${args[@]}" \
+  --json "$out.json" 2>&1 | tee "$out.log"
