@@ -424,3 +424,28 @@ def test_step0_eval_is_shared_only_between_runs_with_identical_start(tmp_path):
     assert _sibling_initial_eval(other_params, "0/0/None") is None
     assert _sibling_initial_eval(other_cap, "0/0/None") is None
     assert _sibling_initial_eval(same, "0/4/None") is None
+
+
+def test_issue49_verdict_reads_sagc_against_the_best_static_per_clock():
+    """`curves.verdict_md`: SAGC of the clock it decided on, against the best / worst static
+    by accuracy at budget, the fastest static's time to target (1.1x) and the best's length."""
+    from sagc_jax.experiments.curves import verdict_md
+
+    def st(mean, se=0.0, n=1):
+        return {"mean": mean, "se": se, "n": n, "of": 1}
+
+    def row(acc, se, ttt, ln):
+        return {"accuracy_at_budget": st(acc, se), "len_at_budget": st(ln),
+                "time_to_target_s": st(ttt, n=int(ttt is not None))}
+
+    summary = {"model": {"budget_s": 100.0, "target": 0.8, "policies": {
+        "static-4": row(0.62, 0.0, 163, 86.3), "static-16": row(0.88, 0.02, 77, 33.6),
+        "sagc-model": row(0.87, 0.01, 84, 30.0), "sagc-measured": row(0.1, 0, None, 99)}},
+        "measured": {"budget_s": 50.0, "target": 0.7, "policies": {
+            "static-4": row(0.80, 0.0, 40, 50.0), "static-16": row(0.50, 0.0, None, 40.0),
+            "sagc-measured": row(0.60, 0.0, None, 60.0)}}}
+    text = "\n".join(verdict_md(summary))
+    model = next(ln for ln in text.splitlines() if ln.startswith("| `model`"))
+    assert model.count("yes (") == 4 and "static-16" in model  # 0.87 >= 0.88 - 0.02; 84 <= 84.7
+    measured = next(ln for ln in text.splitlines() if ln.startswith("| `measured`"))
+    assert measured.count("**no**") == 3 and "yes (vs static-16 0.500)" in measured

@@ -180,6 +180,53 @@ def format_curves_md(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def verdict_md(summary: Mapping[str, Any]) -> list[str]:
+    """Issue 49's targets per clock, read off `summarize_curves`: SAGC (the policy that decided
+    on that clock) against the best and worst static G by accuracy at budget (mean; "best −
+    1 se" uses the best static's standard error), its time to target against the fastest
+    static's (≤ 1.1×) and its length at budget against the best static's (≤)."""
+    lines = ["## Issue 49's targets, per clock", "",
+             "| clock | best static (acc) | SAGC acc ≥ best − 1 se | SAGC acc > worst static | "
+             "SAGC time to target ≤ 1.1 × fastest static | SAGC length ≤ best static's |",
+             "|---|---|---|---|---|---|"]
+    for clock, s in summary.items():
+        pols = s["policies"]
+        sagc = pols.get(f"sagc-{clock}")
+        statics = {p: r for p, r in pols.items()
+                   if p.startswith("static-") and r["accuracy_at_budget"]["n"]}
+        if sagc is None or not statics:
+            continue
+        acc = {p: r["accuracy_at_budget"] for p, r in statics.items()}
+        best = max(acc, key=lambda p: acc[p]["mean"])
+        worst = min(acc, key=lambda p: acc[p]["mean"])
+        mine = sagc["accuracy_at_budget"]
+
+        def yes(ok: bool | None, detail: str) -> str:
+            return f"{'n/a' if ok is None else 'yes' if ok else '**no**'} ({detail})"
+
+        a = mine["mean"]
+        ok_best = None if a is None else a >= acc[best]["mean"] - acc[best]["se"]
+        ok_worst = None if a is None else a > acc[worst]["mean"]
+        times = {p: r["time_to_target_s"]["mean"] for p, r in statics.items()
+                 if r["time_to_target_s"]["n"]}
+        fast = min(times, key=times.get) if times else None
+        t = sagc["time_to_target_s"]["mean"] if sagc["time_to_target_s"]["n"] else None
+        ok_t = None if fast is None else (t is not None and t <= 1.1 * times[fast])
+        ln = (sagc.get("len_at_budget") or {}).get("mean")
+        lb = (statics[best].get("len_at_budget") or {}).get("mean")
+        ok_l = None if ln is None or lb is None else ln <= lb
+        def num(v: float | None, f: str) -> str:
+            return "–" if v is None else format(v, f)
+
+        b_acc, w_acc = acc[best]["mean"], acc[worst]["mean"]
+        cells = [yes(ok_best, f"{num(a, '.3f')} vs {b_acc:.3f}"),
+                 yes(ok_worst, f"vs {worst} {w_acc:.3f}"),
+                 yes(ok_t, f"{num(t, '.0f')} s vs {fast} {num(times.get(fast), '.0f')} s"),
+                 yes(ok_l, f"{num(ln, '.1f')} vs {num(lb, '.1f')} tok")]
+        lines.append(f"| `{clock}` | {best} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def run_curves(run_dir: str | Path) -> dict[str, list[CurvePoint]]:
     """A run's accuracy points on both clocks from its raw files alone (`eval.json`'s greedy
     results by step, `metrics.jsonl`, `config.yaml` for the time model): what a page that
@@ -277,7 +324,9 @@ def _main(argv: Sequence[str]) -> int:
     """`python -m sagc_jax.experiments.curves RUN_DIR`: one run's points; `... --mix MIX_DIR`:
     the per-clock table over its committed runs."""
     if len(argv) == 2 and argv[0] == "--mix":
-        print("\n".join([*format_curves_md(mix_curves(argv[1])), *_benefit_md(argv[1])]))
+        summary = mix_curves(argv[1])
+        print("\n".join([*format_curves_md(summary), *verdict_md(summary),
+                         *_benefit_md(argv[1])]))
         return 0
     if len(argv) != 1:
         print("usage: python -m sagc_jax.experiments.curves RUN_DIR | --mix MIX_DIR")
