@@ -52,3 +52,48 @@ def test_suite_core(tmp_path):
         assert f"| {name} | sagc |" in text
     verdict = mod.ablation(res, variants)
     assert verdict["same"]["max_loss"] == pytest.approx(0.0) and not verdict["same"]["keep"]
+
+
+def test_cached_only_reads_the_complete_seed_prefix(tmp_path):
+    """A cut run's partial result (`--cached-only`): nothing is computed; the figures are those
+    of the seeds the cache holds for every workload and config, the variants' own prefix."""
+    mod = sagc_suite
+    wls = mod.workloads("drift")
+    variants = {"no_credit": ["credit_cap=0"]}
+    cache = tmp_path / "cache"
+    with pytest.raises(SystemExit, match="holds no complete seed"):
+        mod.run_suite(wls, 2, variants, 2, 2, 1, cache, ["steps=40"], progress=False,
+                      cached_only=True)
+    full, _ = mod.run_suite(wls, 2, variants, 2, 2, 1, cache, ["steps=40"], progress=False)
+    part, cpu = mod.run_suite(wls, 5, variants, 5, 2, 1, cache, ["steps=40"], progress=False,
+                              cached_only=True)
+    assert (part["seeds"], part["variant_seeds"], part["pop_seeds"]) == (2, 2, 2)
+    assert part["workloads"] == full["workloads"] and cpu < 5.0
+    # Seed 1 of the variant missing: the shipped figures keep 2 seeds, the variant has 1.
+    gone = [f for f in (cache / "suite").glob("drift-sagc-1-*.pkl")]
+    for f in gone:  # the two SAGC configs of seed 1; keep the shipped one by recomputing it
+        f.unlink()
+    mod.run_suite(wls, 2, {}, 2, 2, 1, cache, ["steps=40"], progress=False)
+    part, _ = mod.run_suite(wls, 2, variants, 2, 2, 1, cache, ["steps=40"], progress=False,
+                            cached_only=True)
+    assert (part["seeds"], part["variant_seeds"]) == (2, 1)
+    assert part["workloads"]["drift"]["policies"]["no_credit"]["seeds"] == 1
+
+
+def test_cache_key_ignores_comments_not_values_or_the_trace(tmp_path):
+    """A reworded comment keeps every cached job (the key is the parsed workload); a changed
+    value or a changed trace file does not."""
+    from tools.sagc_sweep import workload_key
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"step": 1}\n')
+    wl = tmp_path / "w.yaml"
+    wl.write_text("# a comment\nsteps: 10\nworkload: {trace: t.jsonl}\n")
+    k0 = workload_key(wl)
+    wl.write_text("# another comment, longer\nsteps: 10   # inline\nworkload: {trace: t.jsonl}\n")
+    assert workload_key(wl) == k0
+    trace.write_text('{"step": 2}\n')
+    assert workload_key(wl) != k0
+    trace.write_text('{"step": 1}\n')
+    wl.write_text("steps: 11\nworkload: {trace: t.jsonl}\n")
+    assert workload_key(wl) != k0

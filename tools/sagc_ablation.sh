@@ -6,9 +6,12 @@
 #   bash tools/sagc_ablation.sh nobudget   # the shipped default (no straggler budget)
 #   bash tools/sagc_ablation.sh measured   # timing: measured on a noisy, drifting clock
 #   bash tools/sagc_ablation.sh budget     # a stated budget (the constants only it reads)
+#   PARTIAL=1 bash tools/sagc_ablation.sh nobudget   # compute nothing: the figures of the
+#                                          # seeds the cache holds complete (a cut run's result)
 #
-# Raw figures: benchmarks/results/sagc_ablation_<part>.json; the log beside it. Runs at
-# `nice 19` with one worker: it takes only the CPU other work leaves (hours of CPU per part).
+# Raw figures: benchmarks/results/sagc_ablation_<part>.json (a partial one says how many seeds
+# in its meta and page); the log beside it. Runs at `nice 19` with one worker: it takes only
+# the CPU other work leaves (hours of CPU per part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?usage: sagc_ablation.sh nobudget|measured|budget}
@@ -41,6 +44,11 @@ esac
 args=()
 for v in "${vs[@]}"; do args+=(--variant "$v"); done
 out=benchmarks/results/sagc_ablation_$part
+if [[ ${PARTIAL:-0} == 1 ]]; then
+  python -m tools.sagc_suite --seeds "$SEEDS" --variant-seeds "$SEEDS" --pop-seeds \
+    "${POP_SEEDS:-10}" "${sets[@]}" "${args[@]}" --cached-only --json "$out.json" > "$out.md"
+  exit
+fi
 nice -n "${NICE:-19}" python -m tools.sagc_suite --seeds "$SEEDS" --variant-seeds "$SEEDS" \
   --pop-seeds "${POP_SEEDS:-10}" --workers "${WORKERS:-1}" "${sets[@]}" "${args[@]}" \
-  --json "$out.json" 2>&1 | tee "$out.log"
+  --json "$out.json" 2>&1 | tee -a "$out.log"

@@ -97,11 +97,16 @@ def _source_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def _cached(cache: Path, tag: str, path: Path, salt: tuple, fn):
-    key = hashlib.sha256(path.read_bytes() + repr((salt, CACHE_VERSION)).encode()).hexdigest()
+def _cached(cache: Path, tag: str, path: Path, salt: tuple, fn, cached_only: bool = False):
+    """`fn()`'s result, stored under `cache` by workload contents and `salt`; with
+    `cached_only`, None when it is not stored yet (nothing is computed)."""
+    key = hashlib.sha256(sweep.workload_key(path)
+                         + repr((salt, CACHE_VERSION)).encode()).hexdigest()
     f = cache / "suite" / f"{path.stem}-{tag}-{key[:16]}.pkl"
     if f.exists():
         return pickle.loads(f.read_bytes())
+    if cached_only:
+        return None
     out = fn()
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(f".{os.getpid()}.tmp")
@@ -116,16 +121,21 @@ def _sums(v: dict, steps: int) -> tuple[float, float, float, float]:
             v["mean_group_size"])
 
 
-def _static_job(path: Path, seed: int, sets: list[str], cache: Path) -> dict:
+def _static_job(path: Path, seed: int, sets: list[str], cache: Path,
+                cached_only: bool = False) -> dict | None:
     """Statics and the per-seed ceilings (the sweep's cache), and this seed's phase means."""
-    summ, traj = sweep._static_part(path, seed, sets, cache)
+    part = sweep._static_part(path, seed, sets, cache, cached_only)
+    if part is None:
+        return None
+    summ, traj = part
     sim = load_sim_config(path, [f"seed={seed}", *sets])
     phase, t, _ = rep._phase_means(sim, traj, sim.steps)
     pols = {k: _sums(v, sim.steps) for k, v in summ.items()}
     return {"pols": pols, "phase": phase, "t": t}
 
 
-def _sagc_job(path: Path, seed: int, sets: list[str], overrides: list[str], cache: Path):
+def _sagc_job(path: Path, seed: int, sets: list[str], overrides: list[str], cache: Path,
+              cached_only: bool = False):
     consts, cfg_sets = {}, []
     for o in overrides:
         key, _, value = o.removeprefix("sagc.").partition("=")
@@ -140,24 +150,27 @@ def _sagc_job(path: Path, seed: int, sets: list[str], overrides: list[str], cach
             traj = run_policies(sim, {"sagc": sagc_policy(sim)})
         return _sums(summarize(sim, traj)["sagc"], sim.steps)
 
-    return _cached(cache, f"sagc-{seed}", path, (seed, sets, overrides, _source_hash()), run)
+    return _cached(cache, f"sagc-{seed}", path, (seed, sets, overrides, _source_hash()), run,
+                   cached_only)
 
 
-def _pop_job(path: Path, seed: int, sets: list[str], cache: Path) -> dict:
+def _pop_job(path: Path, seed: int, sets: list[str], cache: Path,
+             cached_only: bool = False) -> dict | None:
     steps = load_sim_config(path, [f"seed={seed}", *sets]).steps
     return _cached(cache, f"pop-{seed}", path, (seed, sets, _source_hash()),
-                   lambda: rep._population(seed, str(path), steps, sets))
+                   lambda: rep._population(seed, str(path), steps, sets), cached_only)
 
 
-def _job(spec: tuple) -> tuple[tuple, object, float]:
+def _job(spec: tuple, cached_only: bool = False) -> tuple[tuple, object, float]:
+    """(spec, its result, CPU s); with `cached_only` the result is None unless cached."""
     kind, path_s, seed, sets, extra, cache_s = spec
     path, cache, t0 = Path(path_s), Path(cache_s), time.process_time()
     if kind == "static":
-        out = _static_job(path, seed, list(sets), cache)
+        out = _static_job(path, seed, list(sets), cache, cached_only)
     elif kind == "pop":
-        out = _pop_job(path, seed, list(sets), cache)
+        out = _pop_job(path, seed, list(sets), cache, cached_only)
     else:
-        out = _sagc_job(path, seed, list(sets), list(extra), cache)
+        out = _sagc_job(path, seed, list(sets), list(extra), cache, cached_only)
     return spec, out, time.process_time() - t0
 
 
@@ -403,9 +416,13 @@ def workloads(only: str = "", extra: list[str] = ()) -> dict[str, dict]:
 
 def run_suite(wls: dict[str, dict], seeds: int, variants: dict[str, list[str]],
               variant_seeds: int, pop_seeds: int, workers: int, cache: Path,
-              sets: list[str] = (), progress: bool = True) -> tuple[dict, float]:
+              sets: list[str] = (), progress: bool = True, cached_only: bool = False
+              ) -> tuple[dict, float]:
     """Run (or read from the cache) every job; returns ({"workloads": ...}, CPU s computed).
-    sets: extra overrides for every policy of every workload (e.g. steps=60 in the test)."""
+    sets: extra overrides for every policy of every workload (e.g. steps=60 in the test).
+    `cached_only`: compute nothing; aggregate the longest prefix of seeds 0..k-1 the cache
+    holds for every workload (statics and shipped SAGC; the variants' own prefix), which the
+    anytime job order makes the bulk of a cut run (`res["seeds"]`, `res["variant_seeds"]`)."""
     configs = {"sagc": [], **{v: [f"sagc.{o}" for o in ov] for v, ov in variants.items()}}
     jobs = []
     for w in wls.values():
@@ -428,8 +445,8 @@ def run_suite(wls: dict[str, dict], seeds: int, variants: dict[str, list[str]],
     jobs.sort(key=order)
     results: dict[tuple, object] = {}
     cpu, t0, done = 0.0, time.perf_counter(), 0
-    if workers <= 1:
-        it = map(_job, jobs)
+    if workers <= 1 or cached_only:
+        it = (_job(j, cached_only) for j in jobs)
         ex = None
     else:
         ex = ProcessPoolExecutor(workers)
@@ -445,7 +462,11 @@ def run_suite(wls: dict[str, dict], seeds: int, variants: dict[str, list[str]],
     finally:
         if ex is not None:
             ex.shutdown(cancel_futures=True)
-    res: dict = {"workloads": {}}
+    if cached_only:
+        seeds, variant_seeds, pop_seeds = _cached_prefix(wls, results, configs, seeds,
+                                                         variant_seeds, pop_seeds, sets, cache)
+    res: dict = {"workloads": {}, "seeds": seeds, "variant_seeds": variant_seeds,
+                 "pop_seeds": pop_seeds}
     for name, w in wls.items():
         ws, p = (*w["sets"], *sets), str(w["path"])
         statics = [results[("static", p, s, ws, (), str(cache))] for s in range(seeds)]
@@ -456,6 +477,29 @@ def run_suite(wls: dict[str, dict], seeds: int, variants: dict[str, list[str]],
                 for c, ov in configs.items()}
         res["workloads"][name] = aggregate(w, statics, pops, sagc, variant_seeds)
     return res, cpu
+
+
+def _cached_prefix(wls: dict[str, dict], results: dict, configs: dict[str, list[str]],
+                   seeds: int, variant_seeds: int, pop_seeds: int, sets: list[str], cache: Path
+                   ) -> tuple[int, int, int]:
+    """(seeds, variant seeds, population seeds) complete in `results` for every workload: the
+    longest prefixes 0..k-1 with no missing (None) job. SystemExit when not one seed is."""
+    def prefix(kinds: list[tuple[str, tuple]], n: int, first: int = 0) -> int:
+        for s in range(n):
+            for w in wls.values():
+                ws, p = (*w["sets"], *sets), str(w["path"])
+                if any(results[(k, p, first + s, ws, ov, str(cache))] is None for k, ov in kinds):
+                    return s
+        return n
+
+    base = prefix([("static", ()), ("sagc", ())], seeds)
+    var = prefix([("sagc", tuple(ov)) for c, ov in configs.items() if c != "sagc"],
+                 min(variant_seeds, base))
+    pops = prefix([("pop", ())], pop_seeds, POP_SEED0)
+    if base == 0 or pops == 0:
+        raise SystemExit(f"sagc_suite --cached-only: the cache ({cache}) holds no complete "
+                         "seed of every workload yet")
+    return base, var, pops
 
 
 def _variant(s: str) -> tuple[str, list[str]]:
@@ -499,17 +543,21 @@ def main(argv: list[str] | None = None) -> int:
                          "default); writes the page's 'nobudget' section instead of 'table'")
     ap.add_argument("--out", help="markdown page whose generated sections to rewrite")
     ap.add_argument("--json", help="write the aggregated figures here")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="compute nothing: the figures of the seeds the cache holds complete "
+                         "(a cut run's partial result; the page and JSON say how many)")
     a = ap.parse_args(argv)
     variants = dict(a.variant)
     vseeds = min(a.variant_seeds or a.seeds, a.seeds)
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     sets = [*a.set, *(["sagc.delta=null"] if a.no_budget else [])]
     res, cpu = run_suite(workloads(a.only, sets), a.seeds, variants, vseeds, a.pop_seeds,
-                         a.workers, Path(a.cache), sets)
+                         a.workers, Path(a.cache), sets, cached_only=a.cached_only)
     meta = {"date": datetime.date.today().isoformat(), "commit": _commit(),
             "command": "python -m tools.sagc_suite " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
-            "seeds": a.seeds, "variant_seeds": vseeds, "pop_seeds": a.pop_seeds,
+            "seeds": res.pop("seeds"), "variant_seeds": res.pop("variant_seeds"),
+            "pop_seeds": res.pop("pop_seeds"), "cached_only": a.cached_only,
             "wall_s": time.perf_counter() - t0, "cpu_s": cpu,
             "load": (load0, os.getloadavg()[0]), "variants": variants}
     sections = {"nobudget" if a.no_budget else "table": table_md(res, meta)}

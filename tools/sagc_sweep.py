@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from sagc_jax.sagc.simulate import (
     load_sim_config,
@@ -39,13 +40,32 @@ CACHE_VERSION = 2  # bump when the static policies, oracle or causal ceiling cha
 STATIONARY = {"heavy_tail", "bimodal", "trace_replay"}
 
 
-def _static_part(path: Path, seed: int, sets: list[str], cache: Path) -> tuple[dict, dict]:
-    """(static summaries + oracle, static trajectories) for one workload and seed, cached."""
+def workload_key(path: Path) -> bytes:
+    """What a workload's cached results depend on: its parsed YAML (comments and layout do
+    not count, so a reworded comment keeps the cache) and the bytes of the trace it replays."""
+    raw = yaml.safe_load(path.read_text())
+    key = json.dumps(raw, sort_keys=True, default=str).encode()
+    trace = (raw.get("workload") or {}).get("trace") if isinstance(raw, dict) else None
+    if trace:
+        t = Path(str(trace))
+        if not t.is_absolute() and not t.exists():  # as the simulator resolves it
+            t = path.parent / t
+        if t.is_file():
+            key += hashlib.sha256(t.read_bytes()).digest()
+    return key
+
+
+def _static_part(path: Path, seed: int, sets: list[str], cache: Path,
+                 cached_only: bool = False) -> tuple[dict, dict] | None:
+    """(static summaries + oracle, static trajectories) for one workload and seed, cached;
+    with `cached_only`, None when the cache does not hold it (nothing is computed)."""
     salt = repr((seed, sets, CACHE_VERSION)).encode()
-    key = hashlib.sha256(path.read_bytes() + salt).hexdigest()[:16]
+    key = hashlib.sha256(workload_key(path) + salt).hexdigest()[:16]
     f = cache / f"{path.stem}-{seed}-{key}.pkl"
     if f.exists():
         return pickle.loads(f.read_bytes())
+    if cached_only:
+        return None
     sim = load_sim_config(path, [f"seed={seed}", *sets])
     pols = {k: v for k, v in make_policies(sim).items() if k != "sagc"}
     traj = run_policies(sim, pols)
