@@ -1,0 +1,88 @@
+"""Replay a recorded run's observations through SAGC and set its predicted seconds per rung
+beside what the step really cost (issue 49's diagnosis of the real-model runs).
+
+    python benchmarks/probes/sagc_cost_replay.py docs/results/sagc_real/arith1/sagc-model-s0
+    python benchmarks/probes/sagc_cost_replay.py RUN_DIR --set trunc_prior_rows=100 \\
+        --set half_life=12        # the same observations under other settings (counterfactual)
+
+The run's own observations are fed back (as `tests/test_real_runs.py` does), so the decisions
+printed are what the controller would choose given that history, not a new run. Seconds are the
+`model` clock (`sagc.time_model`). Prints per step: logged G, the replayed choice, the
+predicted seconds of the logged G, the realised seconds, and the E[decode steps] model inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sagc_jax.config import load_saved_config
+from sagc_jax.config import sagc_constants as sc
+from sagc_jax.sagc import make_policy
+from sagc_jax.sagc.events import Observation
+from sagc_jax.sagc.timing import TimeModel
+
+
+def replay(run: Path, sets: dict[str, object]) -> list[dict]:
+    cfg = load_saved_config(run / "config.yaml")
+    fields = {k: v for k, v in sets.items() if k in type(cfg.sagc).model_fields}
+    consts = {k: v for k, v in sets.items() if k not in fields}
+    sagc = cfg.sagc.model_copy(update={"enabled": True, **fields})
+    chunk = cfg.sampling.decode_chunk
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()
+            if '"group_size"' in x]
+    trace = {t["step"]: t
+             for t in map(json.loads, (run / "trace.jsonl").read_text().splitlines())}
+    out = []
+    with sc.override_constants(**consts):
+        pol = make_policy(sagc, horizon=cfg.run.steps)
+        tm = TimeModel.from_sagc(sagc)
+        for m in rows:
+            choice = pol.choose()
+            info = pol.last_info or {}
+            t = trace[m["step"]]
+            g, n, steps = t["group_size"], m["rows"], m["decode_steps"]
+            real = tm.prefill_s(n) + steps * tm.decode_step_s(n)
+            pred = dict(zip(sagc.group_sizes, info.get("cost", [np.nan] * 3)))
+            out.append({"step": m["step"], "g": g, "choice": choice, "pred_s": pred.get(g),
+                        "real_s": real, "decode_steps": steps,
+                        "exp_steps": dict(zip(sagc.group_sizes,
+                                              pol.state.length.exp_steps.tolist()))})
+            lengths = [x for gr in t["groups"] for x in gr["lengths"]]
+            pol.observe(Observation(
+                group_size=g, lengths=np.array(lengths),
+                truncated=np.array([x for gr in t["groups"] for x in gr["truncated"]]),
+                rewards=np.array([x for gr in t["groups"] for x in gr["rewards"]]),
+                max_new_tokens=t["max_new_tokens"], prefill_s=tm.prefill_s(n),
+                decode_s=steps * tm.decode_step_s(n), decode_steps=steps, rows=n,
+                prompts=n // g, decode_chunk=chunk))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--set", action="append", default=[],
+                    help="sagc field or SAGC constant: name=value (YAML value)")
+    a = ap.parse_args()
+    sets = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in a.set)}
+    res = replay(a.run, sets)
+    print("| step | G logged | G replayed | predicted s (logged G) | realised s | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in res:
+        if r["pred_s"] is not None and np.isfinite(r["pred_s"]) and r["step"] % 4 == 0:
+            print(f"| {r['step']} | {r['g']} | {r['choice']} | {r['pred_s']:.2f} | "
+                  f"{r['real_s']:.2f} | {r['pred_s'] / r['real_s']:.1f} |")
+    late = [r["pred_s"] / r["real_s"] for r in res if r["step"] > len(res) // 2
+            and r["pred_s"] is not None and np.isfinite(r["pred_s"])]
+    print(f"\nsecond half: predicted / realised seconds of the G it ran, mean "
+          f"{np.mean(late):.2f}; replayed choices "
+          + "".join({4: "4", 8: "8", 16: "F"}.get(r["choice"], "?") for r in res))
+
+
+if __name__ == "__main__":
+    main()
