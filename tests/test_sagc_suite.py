@@ -97,3 +97,15 @@ def test_cache_key_ignores_comments_not_values_or_the_trace(tmp_path):
     trace.write_text('{"step": 1}\n')
     wl.write_text("steps: 11\nworkload: {trace: t.jsonl}\n")
     assert workload_key(wl) != k0
+
+
+def test_cached_only_without_a_complete_variant_seed_gives_the_main_table(tmp_path):
+    """Before any variant seed is complete, `--cached-only` still reads the main table."""
+    mod = sagc_suite
+    wls = mod.workloads("drift")
+    cache = tmp_path / "cache"
+    mod.run_suite(wls, 1, {}, 1, 1, 1, cache, ["steps=30"], progress=False)
+    res, _ = mod.run_suite(wls, 1, {"never_run": ["credit_cap=7"]}, 1, 1, 1, cache,
+                           ["steps=30"], progress=False, cached_only=True)
+    assert (res["seeds"], res["variant_seeds"]) == (1, 0)
+    assert "never_run" not in res["workloads"]["drift"]["policies"]

@@ -465,6 +465,8 @@ def run_suite(wls: dict[str, dict], seeds: int, variants: dict[str, list[str]],
     if cached_only:
         seeds, variant_seeds, pop_seeds = _cached_prefix(wls, results, configs, seeds,
                                                          variant_seeds, pop_seeds, sets, cache)
+        if variant_seeds == 0:  # no variant seed complete yet: the main table only
+            configs = {"sagc": configs["sagc"]}
     res: dict = {"workloads": {}, "seeds": seeds, "variant_seeds": variant_seeds,
                  "pop_seeds": pop_seeds}
     for name, w in wls.items():
@@ -561,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": time.perf_counter() - t0, "cpu_s": cpu,
             "load": (load0, os.getloadavg()[0]), "variants": variants}
     sections = {"nobudget" if a.no_budget else "table": table_md(res, meta)}
-    if variants:
+    if variants and meta["variant_seeds"] > 0:
         sections["ablation"] = ablation_md(res, variants, meta)
         res["ablation"] = ablation(res, variants)
     for body in sections.values():
