@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parallel", "hosts", "shapes", "optim", "models", "memory_estimate", "metrics", "plots"),
     ("sagc", "data", "sampling", "rl", "rewards", "restore", "checkpoint", "envs"),
     ("rollout", "open_run", "evaluate", "export"),
-    ("train", "compiled_memory", "dryrun_report", "dryrun"),
+    ("train", "compiled_memory", "dryrun_report", "dryrun_inputs", "dryrun"),
     ("experiments",),
     ("cli", "cli_errors"),
 )
