@@ -5,6 +5,7 @@ docs/results/smollm2/run_files/ (tools/compare_real_runs.py --copy), so this nev
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from sagc_jax.config import ConfigError, load_config, load_saved_config
+from sagc_jax.config import sagc_constants as sc
 from sagc_jax.config.sagc import SAGCConfig, migrate_legacy_sagc
 from sagc_jax.sagc import make_policy
 from sagc_jax.sagc.events import Observation
@@ -31,13 +33,15 @@ def _jsonl(path: Path) -> list[dict]:
 
 def replay(run_dir: Path) -> tuple[list[int], list[dict], list[dict]]:
     """(the G the controller chooses at every step, the metrics it returns, the logged rows),
-    feeding it each logged step as the trainer does (`observation_from` with timing: model)."""
+    feeding it each logged step as the trainer does (`observation_from` with timing: model),
+    under the constants that ran (the length model's memories were rows then: ROW_MEMORIES)."""
     # The 16-step runs predate the issue-32 rewrite: load_saved_config migrates their sagc
     # section (every removed key held the value that is now a constant).
     cfg = load_saved_config(run_dir / "config.yaml")
     sagc, chunk = cfg.sagc, cfg.sampling.decode_chunk
     assert sagc.timing == "model"
-    policy = make_policy(sagc, horizon=cfg.run.steps)
+    consts = dataclasses.replace(sc.CONSTANTS, **sc.ROW_MEMORIES)
+    policy = make_policy(sagc, horizon=cfg.run.steps, consts=consts)
     tm = TimeModel.from_sagc(sagc)
     metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if "group_size" in m]
     trace = {t["step"]: t for t in _jsonl(run_dir / "trace.jsonl")}

@@ -3,13 +3,14 @@ of the counterfactual risk, the Beta quantile and the config/state plumbing."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
 import numpy as np
 import pytest
 
-from sagc_jax.config.sagc_constants import constants, override_constants
+from sagc_jax.config.sagc_constants import ROW_MEMORIES, constants, override_constants
 from sagc_jax.sagc import (
     Observation,
     SAGCConfig,
@@ -31,10 +32,12 @@ from sagc_jax.sagc.estimators import (
     binom_llr,
     binom_llr2,
     cost_growth,
+    expected_decode_steps,
     length_trend,
     pass_rate_beta,
     pass_rate_mixture,
     posterior_risk,
+    recent_since,
     truncation_rate,
 )
 from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step, sagc_policy
@@ -521,6 +524,31 @@ def test_truncation_rate_prior_is_the_run_so_far():
     p0 = 20.1 / 10_001
     assert truncation_rate(length) == pytest.approx((10 + 1000 * p0) / 101_000, rel=1e-9)
     assert 1e-4 < truncation_rate(length) < 1.3e-4
+
+
+def test_length_model_reads_the_last_window_steps_only():
+    """The rings hold older rows, but E[decode steps] and the residual pool read only those of
+    the last window_steps steps (memories in steps, issue 49); ROW_MEMORIES reads them all."""
+    cfg = SAGCConfig(group_sizes=[4, 8], initial_group_size=4)
+    c = dataclasses.replace(constants(), change_threshold=0.0)  # no change point: the window alone
+    st = init_state(cfg)
+    obs = lambda n: Observation(  # noqa: E731
+        group_size=4, lengths=np.full(8, float(n)) * np.array([1, 1, 1, 3] * 2),
+        truncated=np.zeros(8, bool), rewards=np.zeros(8), max_new_tokens=1024)
+    for _ in range(c.window_steps):   # long, spread rows (a residual of 3 in every group) ...
+        st = observe(cfg, st, obs(400), c)
+    for _ in range(c.window_steps):   # ... then a window of short, tight ones
+        st = observe(cfg, st, Observation(group_size=4, lengths=np.full(8, 20.0),
+                                          truncated=np.zeros(8, bool), rewards=np.zeros(8),
+                                          max_new_tokens=1024), c)
+    rows_from, groups_from = recent_since(st.length, c)
+    assert int(st.length.rows_seen) - rows_from == 8 * c.window_steps
+    assert int(st.length.groups_seen) - groups_from == 2 * c.window_steps
+    # 20 tokens, and the truncation term (no row truncated, the pooled prior's small rate)
+    assert 20.0 <= st.length.exp_steps.max() < 30.0
+    old = dataclasses.replace(c, **ROW_MEMORIES)
+    assert recent_since(st.length, old) == (0, 0)
+    assert expected_decode_steps(cfg, st, np.random.default_rng(0), consts=old).max() > 400
 
 
 def _trend_sums(steps: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "CONSTANTS",
+    "ROW_MEMORIES",
     "SAGCConstants",
     "constants",
     "credit_horizon",
@@ -70,11 +71,19 @@ class SAGCConstants:
     pass_em_iters: int = 5
     # EMA weight of a new per-shape timing measurement: averages step-to-step noise over ~3 steps.
     cost_ema: float = 0.3
-    # Ring of untruncated row length / group median: at least this many rows (and always at
-    # least window_rows_per_rung x the largest rung), enough for a stable bootstrap tail.
+    # The length model reads the rows and group medians of the last window_steps steps (and
+    # none before the last change): lengths drift per update, not per row, so a memory counted
+    # in rows was ~16 steps at the simulator's 16 prompts/step but a whole 48-step real run at
+    # 2 prompts/step (issue 49: second-half seconds over-predicted 4.5x). 16 = the simulator's
+    # median memory before (256 groups / 16 prompts). At most change_window (hist_tr's depth);
+    # 0 = no step window (the rings' capacity alone: ROW_MEMORIES).
+    window_steps: int = 16
+    # Capacity of the ring of untruncated row length / group median: at least this many rows
+    # (and always at least window_rows_per_rung x the largest rung); bounds the memory when
+    # steps are large (the simulator's G = 16: 8 steps).
     window_rows_min: int = 2048
     window_rows_per_rung: int = 4
-    # Ring of recent group medians (tokens) for the bootstrap of E[decode steps].
+    # Capacity of the ring of recent group medians (tokens) for the bootstrap of E[decode steps].
     window_groups: int = 256
     # Monte-Carlo subsets / bootstrap draws per group and candidate (noise well below the
     # posterior's at the step cost of a few ms).
@@ -99,7 +108,9 @@ class SAGCConstants:
     credit_cap: float = 100.0
     # Weight, in rows, of the truncation-rate prior (the run's pooled rate): a regime that has
     # just begun is a priori like the run so far, so a few hundred clean rows after a change do
-    # not price the largest rungs as if loops were gone.
+    # not price the largest rungs as if loops were gone. Rows, not steps: a rate's evidence is
+    # rows, and 8 steps of rows (1000 at 16 prompts x G = 8) cost loop_bursts 2.3 % at 2 prompts
+    # a step (20 seeds; docs/results/sagc_real/README.md, "Memories in steps").
     trunc_prior_rows: float = 1000.0
     # The pooled rate's own pseudo-counts (truncations, rows) before any row is seen: 10 %.
     trunc_pooled_prior: tuple[float, float] = (0.1, 1.0)
@@ -118,6 +129,11 @@ class SAGCConstants:
 
 #: The constants in force. Replace (``dataclasses.replace``) to patch; see the module docstring.
 CONSTANTS = SAGCConstants()
+
+#: The length model's memories before its rings were read over steps (2026-12-05, issue 49):
+#: back to their capacity. Runs recorded before then replay exactly under
+#: ``dataclasses.replace(CONSTANTS, **ROW_MEMORIES)``.
+ROW_MEMORIES: dict[str, Any] = {"window_steps": 0}
 
 
 def constants() -> SAGCConstants:

@@ -44,6 +44,19 @@ def ring_view(ring: np.ndarray, seen: int, since: int = 0) -> np.ndarray:
     return ring[(seen - n + np.arange(n)) % cap]
 
 
+def recent_since(length: Length, consts: SAGCConstants | None = None) -> tuple[int, int]:
+    """Where the length model's rings are read from: (rows, groups) write counts of the later of
+    the last change and the start of the last ``window_steps`` steps (per-step counts from
+    ``hist_tr``; the residual ring holds untruncated rows only)."""
+    w = resolve(consts).window_steps
+    if w <= 0:
+        return int(length.rows_since), int(length.groups_since)
+    h = length.hist_tr[: min(w, len(length.hist_tr))]
+    untruncated, groups = int((h[:, 0] - h[:, 1]).sum()), int(h[:, 2].sum())
+    return (max(int(length.rows_since), int(length.rows_seen) - untruncated),
+            max(int(length.groups_since), int(length.groups_seen) - groups))
+
+
 def batch_prompts(cfg: Any, state: State) -> np.ndarray:
     """Prompts per step B(g) for every candidate: int [K]."""
     b = max(int(state.cost.prompts), 1)
@@ -93,9 +106,10 @@ def expected_decode_steps(
     c = resolve(consts)
     mc = c.mc_samples if mc is None else mc
     ln, co = state.length, state.cost
-    eps = ring_view(ln.eps_ring, ln.rows_seen, ln.rows_since)
+    rows_from, groups_from = recent_since(ln, c)
+    eps = ring_view(ln.eps_ring, ln.rows_seen, rows_from)
     eps = eps if len(eps) else np.ones(1)
-    meds = ring_view(ln.med_ring, ln.groups_seen, ln.groups_since)
+    meds = ring_view(ln.med_ring, ln.groups_seen, groups_from)
     chunk = float(max(int(co.decode_chunk), 1))
     cap = math.ceil(float(co.max_new_tokens) / chunk) * chunk
     p_tr = truncation_rate(ln, c)

@@ -18,6 +18,7 @@ from sagc_jax.config.sagc_constants import SAGCConstants, resolve
 from sagc_jax.sagc.estimators import (
     binom_llr2,
     realised_benefit,
+    recent_since,
     ring_put,
     ring_view,
     truncation_rate,
@@ -84,7 +85,7 @@ def length_update(
         med_ring=ring_put(length.med_ring, gseen, med),
         groups_seen=np.array(gseen + p_groups, np.int64),
     )
-    pool_eps = ring_view(new.eps_ring, new.rows_seen, length.rows_since)
+    pool_eps = ring_view(new.eps_ring, new.rows_seen, recent_since(new, consts)[0])
     if len(pool_eps) == 0:  # nothing untruncated seen yet: residual 1 (tight groups)
         pool_eps = np.ones(1)
     return new, pool_eps, truncation_rate(new, consts)
