@@ -10,13 +10,13 @@ import sys
 from sagc_jax import __version__
 from sagc_jax.cli_errors import (  # noqa: F401  (tests import them from here too)
     _STORAGE,
-    _input_errors,
     _is_disk_full,
     _os_errno,
     _quiet_closed_loop_callbacks,
     _quiet_library_tracebacks,
     _silence_abandoned_saves,
     _train_error,
+    input_errors,
 )
 from sagc_jax.errors import Interrupted
 
@@ -93,7 +93,7 @@ def _train(argv: list[str]) -> int:
         # A run dir removed or made read-only under the run is a runtime failure (1), though
         # the FileNotFoundError it raises would read as a missing input (2).
         runtime = _os_errno(e) in _STORAGE and cfg.run.dir in str(e)
-        return 2 if isinstance(e, _input_errors()) and not runtime else 1
+        return 2 if isinstance(e, input_errors()) and not runtime else 1
     if row:
         print(f"[sagc-jax] done: step {row['step']}, reward {row['reward_mean']:.3f}, "
               f"G={row['group_size']}; outputs in {cfg.run.dir}")

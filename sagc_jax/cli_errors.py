@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 
-def _input_errors() -> tuple[type[BaseException], ...]:
+def input_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean bad config or input (exit 2); anything else is a runtime failure (1)."""
     from sagc_jax.checkpoint import CheckpointMismatchError
     from sagc_jax.config import ConfigError

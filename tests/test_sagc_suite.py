@@ -109,3 +109,30 @@ def test_cached_only_without_a_complete_variant_seed_gives_the_main_table(tmp_pa
                            ["steps=30"], progress=False, cached_only=True)
     assert (res["seeds"], res["variant_seeds"]) == (1, 0)
     assert "never_run" not in res["workloads"]["drift"]["policies"]
+
+
+def test_suite_diff_sets_sagc_before_and_after_and_refuses_other_workloads(tmp_path, capsys):
+    """tools/sagc_suite_diff.py: after / before is SAGC's pooled benefit/s ratio, a variant of
+    the second suite is read against the first suite's SAGC, and two suites over different
+    workloads are refused in one line (exit 2)."""
+    import json
+
+    from tools import sagc_suite_diff
+
+    def suite(ben: float, g: float, **variants: float) -> dict:
+        pols = {"static-4": {"benefit_per_s": 1.0, "vs_best_static": [1.0, 1.0], "mean_g": 4},
+                "oracle": {"benefit_per_s": 3.0},
+                "sagc": {"benefit_per_s": ben, "vs_best_static": [ben, ben], "mean_g": g}}
+        pols |= {k: {"benefit_per_s": v} for k, v in variants.items()}
+        return {"workloads": {"drift": {"best_static": "static-4", "policies": pols}}}
+
+    before, after = tmp_path / "b.json", tmp_path / "a.json"
+    before.write_text(json.dumps(suite(1.0, 8.0)))
+    after.write_text(json.dumps(suite(1.02, 9.5, rowsprior=1.01)))
+    assert sagc_suite_diff.main([str(before), str(after)]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row == ("| drift | static-4 | 1.000 | 1.020 | 1.0200 | 8.00 -> 9.50 | 1.0100 |")
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"workloads": {"bimodal": suite(1.0, 8.0)["workloads"]["drift"]}}))
+    assert sagc_suite_diff.main([str(before), str(other)]) == 2
+    assert "workloads differ: ['bimodal', 'drift']" in capsys.readouterr().err

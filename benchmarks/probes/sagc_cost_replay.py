@@ -2,8 +2,10 @@
 beside what the step really cost (issue 49's diagnosis of the real-model runs).
 
     python benchmarks/probes/sagc_cost_replay.py docs/results/sagc_real/arith1/sagc-model-s0
-    python benchmarks/probes/sagc_cost_replay.py RUN_DIR --set trunc_prior_rows=100 \\
+    python benchmarks/probes/sagc_cost_replay.py RUN_DIR --set window_steps=0 \\
         --set half_life=12        # the same observations under other settings (counterfactual)
+    python benchmarks/probes/sagc_cost_replay.py STATIC_RUN --set 'group_sizes=[4,8,16]'
+                                  # what SAGC would have chosen on a static run's observations
 
 The run's own observations are fed back (as `tests/test_real_runs.py` does), so the decisions
 printed are what the controller would choose given that history, not a new run. Seconds are the
@@ -31,7 +33,8 @@ def replay(run: Path, sets: dict[str, object]) -> list[dict]:
     cfg = load_saved_config(run / "config.yaml")
     fields = {k: v for k, v in sets.items() if k in type(cfg.sagc).model_fields}
     consts = {k: v for k, v in sets.items() if k not in fields}
-    sagc = cfg.sagc.model_copy(update={"enabled": True, **fields})
+    # Validated (not model_copy): --set group_sizes=[4,8,16] replays a static run with every rung.
+    sagc = type(cfg.sagc).model_validate({**cfg.sagc.model_dump(), "enabled": True, **fields})
     chunk = cfg.sampling.decode_chunk
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()
             if '"group_size"' in x]

@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.families import FULL, GGUF_ARCHITECTURES, SLIDING, family
-from sagc_jax.models.hf import ModelFileError, _flatten, _unflatten
+from sagc_jax.models.hf import ModelFileError, _unflatten, flatten_params
 from sagc_jax.models.hf_config import from_hf_dict
 from sagc_jax.models.llama import Transformer
 from sagc_jax.models.sharding import state_shardings
@@ -319,8 +319,8 @@ def from_gguf(
 
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    abstract_params = dict(_flatten(nnx.to_pure_dict(state)))
-    shardings = (dict(_flatten(state_shardings(nnx.to_pure_dict(state), mesh)))
+    abstract_params = dict(flatten_params(nnx.to_pure_dict(state)))
+    shardings = (dict(flatten_params(state_shardings(nnx.to_pure_dict(state), mesh)))
                  if mesh is not None else {})
 
     # Pass 1, metadata only: every tensor present, with its shape and a dequantizable type.

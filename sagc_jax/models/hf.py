@@ -89,11 +89,12 @@ def _hf_names(path: str, cfg: ModelConfig) -> tuple[list[str], bool]:
     return [name], transposed
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+def flatten_params(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, leaf) of a nested parameter dict (``nnx.to_pure_dict``), depth first."""
     for k, v in tree.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            yield from _flatten(v, key + ".")
+            yield from flatten_params(v, key + ".")
         else:
             yield key, v
 
@@ -262,8 +263,8 @@ def from_pretrained(
 
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    abstract_params = dict(_flatten(nnx.to_pure_dict(state)))
-    shardings = (dict(_flatten(state_shardings(nnx.to_pure_dict(state), mesh)))
+    abstract_params = dict(flatten_params(nnx.to_pure_dict(state)))
+    shardings = (dict(flatten_params(state_shardings(nnx.to_pure_dict(state), mesh)))
                  if mesh is not None else {})
 
     with contextlib.ExitStack() as stack:
@@ -341,7 +342,7 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *, tokenizer: A
     pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     # LoRA adapters are merged into their weights (W + alpha/r * A @ B): a plain HF model.
     pure["layers"] = merge_lora(pure["layers"], lora_scale(cfg))
-    for p, x in _flatten(pure):
+    for p, x in flatten_params(pure):
         names, transposed = _hf_names(p, cfg)
         arr = _to_host(x)
         parts = list(arr) if p.startswith("layers.") else [arr]

@@ -15,7 +15,7 @@ each case damages a copy, seeded:
 
 and the trainer's start-up path reads it (`load_run_tokenizer`, then `from_pretrained`, the
 order `build_run` uses). A case passes when the error is one the CLI exits 2 for
-(`sagc_jax.cli._input_errors`), on one line, naming the file and, where one is at fault, the
+(`sagc_jax.cli.input_errors`), on one line, naming the file and, where one is at fault, the
 tensor or the architecture. A cut that leaves every byte the loader reads (e.g. trailing
 padding) may load, and passes only if every weight equals the pristine file's. With `cli`,
 the first case of each kind also runs `sagc-jax train` in a subprocess: exit 2 and a last line
@@ -123,9 +123,9 @@ def write_hf_dir(path: Path) -> Path:
 def _weights(model: Any) -> dict[str, np.ndarray]:
     from flax import nnx
 
-    from sagc_jax.models.hf import _flatten
+    from sagc_jax.models.hf import flatten_params
 
-    return {k: np.asarray(v) for k, v in _flatten(nnx.to_pure_dict(nnx.state(model)))}
+    return {k: np.asarray(v) for k, v in flatten_params(nnx.to_pure_dict(nnx.state(model)))}
 
 
 def _load(path: str) -> dict[str, np.ndarray]:
@@ -202,7 +202,7 @@ def _cli(path: str, run_dir: Path) -> tuple[int, str]:
 def run_model_fuzz(per_kind: int, seed: int, *, cli: bool = True,
                    kinds: tuple[str, ...] = KINDS) -> Result:
     """`per_kind` cases of each kind (case i of a kind is seeded `[seed, kind, i]`)."""
-    from sagc_jax.cli import _input_errors
+    from sagc_jax.cli import input_errors
 
     res = Result()
     with tempfile.TemporaryDirectory() as tmp:
@@ -219,7 +219,7 @@ def run_model_fuzz(per_kind: int, seed: int, *, cli: bool = True,
                                        "damage": what}
                 try:
                     got = _load(path)
-                except _input_errors() as e:
+                except input_errors() as e:
                     msg = str(e)
                     bad = "\n" in msg or path not in msg or not all(w in msg for w in words)
                     rec |= {"outcome": "refused" if not bad else "unclear message",

@@ -16,7 +16,7 @@ Each case is `configs/tiny_cpu.yaml` plus seeded overrides of one kind:
 
 and the trainer's start-up checks run on it (`train.setup.check_inputs`, after `load_config`:
 what `sagc-jax train` does before it builds a model). A case passes when it is refused with an
-error the CLI exits 2 for (`sagc_jax.cli._input_errors`), on one line, naming a `data.` or
+error the CLI exits 2 for (`sagc_jax.cli.input_errors`), on one line, naming a `data.` or
 `sampling.` key. Every case is recorded (kind, seed, overrides, outcome, exit code, line).
 """
 
@@ -98,14 +98,14 @@ def _case(kind: str, rng: random.Random) -> list[str]:
 
 def check_one(overrides: list[str], run_dir: Path) -> tuple[str, int, str]:
     """(outcome, exit code, error line) of one case through load_config + check_inputs."""
-    from sagc_jax.cli import _input_errors
+    from sagc_jax.cli import input_errors
     from sagc_jax.config import load_config
     from sagc_jax.train.setup import check_inputs
 
     try:
         cfg = load_config(CONFIG, [*overrides, f"run.dir={run_dir}", "run.eval_every=0"])
         check_inputs(cfg)
-    except _input_errors() as e:
+    except input_errors() as e:
         line = str(e)
         if "\n" in line.strip():
             return "refused, several lines", 2, line
