@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,8 @@ import yaml
 from sagc_jax.config import ConfigError, load_config, load_saved_config
 from sagc_jax.config import sagc_constants as sc
 from sagc_jax.config.sagc import SAGCConfig, migrate_legacy_sagc
+from sagc_jax.experiments.replay import logged_observations
 from sagc_jax.sagc import make_policy
-from sagc_jax.sagc.events import Observation
-from sagc_jax.sagc.timing import TimeModel
 
 RUNS = Path(__file__).resolve().parents[1] / "docs/results/smollm2/run_files"
 #: The 32-step runs at batch_policy: prompts (2 prompts a step, sagc.V 0.1), sagc_prompts.md.
@@ -38,29 +36,14 @@ def replay(run_dir: Path) -> tuple[list[int], list[dict], list[dict]]:
     # The 16-step runs predate the issue-32 rewrite: load_saved_config migrates their sagc
     # section (every removed key held the value that is now a constant).
     cfg = load_saved_config(run_dir / "config.yaml")
-    sagc, chunk = cfg.sagc, cfg.sampling.decode_chunk
-    assert sagc.timing == "model"
+    assert cfg.sagc.timing == "model"
     consts = dataclasses.replace(sc.CONSTANTS, **sc.ROW_MEMORIES)
-    policy = make_policy(sagc, horizon=cfg.run.steps, consts=consts)
-    tm = TimeModel.from_sagc(sagc)
-    metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if "group_size" in m]
-    trace = {t["step"]: t for t in _jsonl(run_dir / "trace.jsonl")}
-    chosen, out = [], []
-    for m in metrics:
+    policy = make_policy(cfg.sagc, horizon=cfg.run.steps, consts=consts)
+    chosen, out, metrics = [], [], []
+    for logged in logged_observations(run_dir, cfg.sagc, cfg.sampling.decode_chunk):
         chosen.append(policy.choose())
-        t = trace[m["step"]]
-        g, rows, steps = t["group_size"], m["rows"], m["decode_steps"]
-        lengths = [n for gr in t["groups"] for n in gr["lengths"]]
-        # decode steps: the longest row rounded up to a whole decode chunk
-        assert steps == math.ceil(max(lengths) / chunk) * \
-            chunk
-        out.append(policy.observe(Observation(
-            group_size=g, lengths=np.array(lengths),
-            truncated=np.array([x for gr in t["groups"] for x in gr["truncated"]]),
-            rewards=np.array([x for gr in t["groups"] for x in gr["rewards"]]),
-            max_new_tokens=t["max_new_tokens"], prefill_s=tm.prefill_s(rows),
-            decode_s=steps * tm.decode_step_s(rows), decode_steps=steps, rows=rows,
-            prompts=rows // g, decode_chunk=chunk)))
+        out.append(policy.observe(logged.observation))
+        metrics.append(logged.metrics)
     return chosen, out, metrics
 
 
@@ -156,3 +139,22 @@ def test_readme_run_with_evals_equals_the_evals_off_run():
             "sagc_queue", "loss")
     assert [[m[k] for k in keys] for m in readme] == [[m[k] for k in keys] for m in off]
     assert any("eval_accuracy" in m for m in _jsonl(RUNS.parent / "metrics.jsonl"))
+
+
+def test_logged_observations_refuse_a_trace_that_is_not_the_metrics(tmp_path):
+    """experiments.replay: a step whose logged decode steps are not its longest traced row
+    rounded up to the decode chunk is refused, naming the step (files of two different runs)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "sagc", run)
+    rows = _jsonl(run / "metrics.jsonl")
+    for m in rows:
+        if m.get("step") == 3 and "group_size" in m:
+            m["decode_steps"] += 16
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in rows))
+    cfg = load_saved_config(run / "config.yaml")
+    steps = logged_observations(run, cfg.sagc, cfg.sampling.decode_chunk)
+    assert [next(steps).metrics["step"] for _ in range(2)] == [1, 2]
+    with pytest.raises(ValueError, match="step 3: decode_steps"):
+        next(steps)

@@ -16,7 +16,6 @@ predicted seconds of the logged G, the realised seconds, and the E[decode steps]
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +23,8 @@ import yaml
 
 from sagc_jax.config import load_saved_config
 from sagc_jax.config import sagc_constants as sc
+from sagc_jax.experiments.replay import logged_observations
 from sagc_jax.sagc import make_policy
-from sagc_jax.sagc.events import Observation
 from sagc_jax.sagc.timing import TimeModel
 
 
@@ -35,34 +34,22 @@ def replay(run: Path, sets: dict[str, object]) -> list[dict]:
     consts = {k: v for k, v in sets.items() if k not in fields}
     # Validated (not model_copy): --set group_sizes=[4,8,16] replays a static run with every rung.
     sagc = type(cfg.sagc).model_validate({**cfg.sagc.model_dump(), "enabled": True, **fields})
-    chunk = cfg.sampling.decode_chunk
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()
-            if '"group_size"' in x]
-    trace = {t["step"]: t
-             for t in map(json.loads, (run / "trace.jsonl").read_text().splitlines())}
     out = []
     with sc.override_constants(**consts):
         pol = make_policy(sagc, horizon=cfg.run.steps)
         tm = TimeModel.from_sagc(sagc)
-        for m in rows:
+        for logged in logged_observations(run, sagc, cfg.sampling.decode_chunk):
+            m, obs = logged.metrics, logged.observation
             choice = pol.choose()
             info = pol.last_info or {}
-            t = trace[m["step"]]
-            g, n, steps = t["group_size"], m["rows"], m["decode_steps"]
+            g, n, steps = obs.group_size, obs.rows, obs.decode_steps
             real = tm.prefill_s(n) + steps * tm.decode_step_s(n)
             pred = dict(zip(sagc.group_sizes, info.get("cost", [np.nan] * 3)))
             out.append({"step": m["step"], "g": g, "choice": choice, "pred_s": pred.get(g),
                         "real_s": real, "decode_steps": steps,
                         "exp_steps": dict(zip(sagc.group_sizes,
                                               pol.state.length.exp_steps.tolist()))})
-            lengths = [x for gr in t["groups"] for x in gr["lengths"]]
-            pol.observe(Observation(
-                group_size=g, lengths=np.array(lengths),
-                truncated=np.array([x for gr in t["groups"] for x in gr["truncated"]]),
-                rewards=np.array([x for gr in t["groups"] for x in gr["rewards"]]),
-                max_new_tokens=t["max_new_tokens"], prefill_s=tm.prefill_s(n),
-                decode_s=steps * tm.decode_step_s(n), decode_steps=steps, rows=n,
-                prompts=n // g, decode_chunk=chunk))
+            pol.observe(obs)
     return out
 
 
