@@ -65,7 +65,7 @@ def real_draws(g: int, steps: int, rng: np.random.Generator, b: int = 16):
     trs = np.zeros((steps, b, g), bool)
     for s in range(steps):
         for j, gi in enumerate(pick[s]):
-            L, T, _, _ = groups[gi]
+            L, T = groups[gi].lengths, groups[gi].truncated
             idx = rng.integers(0, len(L), g)
             lens[s, j], trs[s, j] = L[idx], T[idx]
     return lens, trs

@@ -225,6 +225,20 @@ def test_episode_rules_and_rewards(setup):
         assert env_tok == (ok * (int(out.turns[r]) - 1))[:len(env_tok)]
 
 
+def test_an_episode_steps_decode_steps_are_each_turns_longest_row(setup):
+    """Issue 53 item 4: the tokens each turn added sum to each episode's tokens, and the step's
+    decode steps are the sum over turns of that turn's longest row rounded up to the decode
+    chunk, more than its longest episode alone: what SAGC prices an episode step by
+    (`cost.steps_factor`) and the simulator replays (a trace's `turns`)."""
+    out = _play(setup, [0, 2], g=2)
+    assert (out.turn_tokens.sum(1) == out.lengths).all()
+    assert ((out.turn_tokens > 0).sum(1) == out.turns).all()
+    chunk = setup.sampler.config.decode_chunk
+    want = sum(-(-int(m) // chunk) * chunk for m in out.turn_tokens.max(0) if m > 0)
+    assert out.stats["decode_steps"] == want
+    assert want > -(-int(out.lengths.max()) // chunk) * chunk
+
+
 def test_no_compile_after_warm_up_while_turns_and_g_change(setup):
     before = compile_count()
     for i, (g, ks) in enumerate([(2, [0, 3]), (4, [1]), (2, [2, 2]), (4, [0, 1])]):

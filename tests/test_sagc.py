@@ -25,7 +25,7 @@ from sagc_jax.sagc import (
     prompts_for,
     straggler_events,
 )
-from sagc_jax.sagc.controller import copy_state
+from sagc_jax.sagc.controller import copy_state, normalize_state
 from sagc_jax.sagc.estimators import (
     benefit_per_prompt,
     benefit_rate,
@@ -37,6 +37,7 @@ from sagc_jax.sagc.estimators import (
     pass_rate_beta,
     pass_rate_mixture,
     posterior_risk,
+    predicted_cost,
     recent_since,
     truncation_rate,
 )
@@ -621,3 +622,38 @@ def test_a_detected_change_restarts_the_length_trend():
     assert int(pol.state.change.changes) >= 1
     assert pol.state.length.trend_s[0] < 80  # weight only since the change
     assert abs(length_trend(pol.state.length)) < 1e-3
+
+
+def _episode_obs(g: int, steps_per_row: int, env_s: float = 0.0) -> Observation:
+    """Two groups of g rows 20-40 tokens long (chunk 8: a single turn decodes 40 steps)."""
+    lengths = np.tile(np.linspace(20, 40, g).round(), 2)
+    return Observation(group_size=g, lengths=lengths, truncated=np.zeros(2 * g, bool),
+                       rewards=np.tile([1.0, 0.0], g), max_new_tokens=256, prefill_s=0.1,
+                       decode_s=0.01 * steps_per_row, decode_steps=steps_per_row, rows=2 * g,
+                       prompts=2, decode_chunk=8, env_s=env_s)
+
+
+def test_episodes_price_their_decode_steps_and_environment_seconds():
+    """Issue 53: an episode step decodes each turn to that turn's longest row, so it runs more
+    steps than its longest episode has tokens; SAGC learns the factor per shape (an unmeasured
+    shape: flat from the one measured) and adds the environment's seconds to the cost. A single
+    turn's factor stays exactly 1 (the single-turn controller is unchanged)."""
+    cfg = SAGCConfig(group_sizes=(4, 8), initial_group_size=4)
+    single, episodes = init_state(cfg), init_state(cfg)
+    for _ in range(3):
+        single = observe(cfg, single, _episode_obs(4, 40))
+        episodes = observe(cfg, episodes, _episode_obs(4, 80, env_s=0.5))
+    assert single.cost.steps_factor.tolist() == [1.0, 1.0] and (single.cost.env_s == 0).all()
+    assert episodes.cost.steps_factor[0] == pytest.approx(2.0)
+    np.testing.assert_allclose(episodes.length.exp_steps, 2.0 * single.length.exp_steps)
+    extra = predicted_cost(cfg, episodes) - 2.0 * predicted_cost(cfg, single)
+    # prefill counted once (not doubled) and 0.5 s of environment time at every shape
+    np.testing.assert_allclose(extra, 0.5 - 0.1, atol=1e-12)
+    # A state saved before these fields existed resumes with the values that mean "single turn".
+    saved = as_dict(single)
+    del saved["cost"]["steps_factor"], saved["cost"]["env_s"]
+    back = normalize_state(cfg, saved)
+    assert back.cost.steps_factor.tolist() == [1.0, 1.0] and back.cost.env_s.tolist() == [0, 0]
+    del saved["cost"]["prefill_s"]
+    with pytest.raises(ValueError, match=r"missing \['cost/prefill_s'\]"):
+        normalize_state(cfg, saved)

@@ -26,6 +26,7 @@ from sagc_jax.config.sagc_constants import (
     rate_half_life,
     window_rows,
 )
+from sagc_jax.rollout.collect import FirstRound
 from sagc_jax.sagc import (
     REASONS,
     Observation,
@@ -237,21 +238,22 @@ def test_batch_policy_and_rollouts_per_step_set_the_rows():
         SAGCConfig(batch_policy="rollouts", rollouts_per_step=100)
 
 
-def _rollout(g: int, prompts: int):
-    fr = SimpleNamespace(prompts=prompts, decode_steps=64, prefill_s=9.0, decode_s=99.0,
-                         lengths=np.full(prompts * g, 10), truncated=np.zeros(prompts * g, bool),
-                         rewards=np.tile([1.0, 0.0], prompts * g // 2))
+def _rollout(g: int, prompts: int, env_s: float = 0.0):
+    fr = FirstRound(prompts=prompts, decode_steps=64, prefill_s=9.0, decode_s=99.0,
+                    lengths=np.full(prompts * g, 10), truncated=np.zeros(prompts * g, bool),
+                    rewards=np.tile([1.0, 0.0], prompts * g // 2), env_s=env_s)
     return SimpleNamespace(first_round=fr, group_size=g)
 
 
 def test_timing_measured_reads_the_clock_model_the_time_model():
-    ro = _rollout(8, 4)
+    ro = _rollout(8, 4, env_s=7.0)
     meas = observation_from(ro, SAGCConfig(), max_new_tokens=512, decode_chunk=16)
-    assert (meas.prefill_s, meas.decode_s) == (9.0, 99.0)
+    assert (meas.prefill_s, meas.decode_s, meas.env_s) == (9.0, 99.0, 7.0)
     model = observation_from(ro, SAGCConfig(timing="model"), max_new_tokens=512, decode_chunk=16)
     tm = TimeModel()
     assert model.prefill_s == pytest.approx(tm.prefill_s(32))
     assert model.decode_s == pytest.approx(64 * tm.decode_step_s(32))
+    assert model.env_s == 0.0  # host time is not on the accelerator-like clock
 
 
 def test_time_model_terms_give_the_linear_cost():

@@ -15,6 +15,7 @@ from sagc_jax.sagc.simulate import (
     apply_overrides,
     load_sim_config,
     parse_sim_config,
+    run_step,
     simulate_main,
 )
 from sagc_jax.sagc.timing import time_model_from_dict
@@ -166,6 +167,50 @@ def test_trace_replay(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"step": 0}\n')
     bad = _write(tmp_path, {**SMALL, "workload": {"trace": "bad.jsonl"}}, "bad.yaml")
     with pytest.raises(ValueError, match=r"^workload\.trace: "):
+        load_sim_config(bad)
+
+
+def _episode_trace(path, rows: int, seed: int = 0) -> None:
+    """3 steps x 2 groups of `rows` episodes, 1-3 turns of 5-40 tokens each."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for step in range(3):
+        groups = []
+        for _ in range(2):
+            turns = rng.integers(5, 40, (rows, 3)) * (np.arange(3) < rng.integers(1, 4, (rows, 1)))
+            groups.append({"lengths": turns.sum(1).tolist(), "truncated": [False] * rows,
+                           "rewards": rng.integers(0, 2, rows).astype(float).tolist(),
+                           "turns": turns.tolist()})
+        lines.append(json.dumps({"step": step, "group_size": rows, "max_new_tokens": 256,
+                                 "groups": groups}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_episode_trace_replays_each_turns_longest_row(tmp_path):
+    """Issue 53 item 4: a trace of episodes ('turns' per row) replays its decode steps as the
+    sampler runs them (the sum over turns of each turn's longest row, chunk-rounded), for every
+    rung; an episode trace recorded below the largest rung, or whose turns do not add up to the
+    lengths, is refused naming the file."""
+    _episode_trace(tmp_path / "ep.jsonl", rows=8)
+    wl = {"trace": "ep.jsonl", "prompts_per_step": 2}
+    sim = load_sim_config(_write(tmp_path, {**SMALL, "workload": wl}))
+    d = sim.workload.draw(0)
+    assert d.turns.shape == (2, 8, 3) and (d.turns.sum(-1) == d.lengths).all()
+    for g in (4, 8):
+        obs, _, _ = run_step(sim, d, g)
+        chunk = sim.timing.decode_chunk
+        want = sum(-(-int(m) // chunk) * chunk for m in d.turns[:, :g].reshape(-1, 3).max(0)
+                   if m > 0)
+        assert obs.decode_steps == want >= sim.timing.decode_steps(int(obs.lengths.max()), 256)
+    _episode_trace(tmp_path / "short.jsonl", rows=4)
+    short = _write(tmp_path, {**SMALL, "workload": {**wl, "trace": "short.jsonl"}}, "s.yaml")
+    with pytest.raises(ValueError, match=r"short\.jsonl: an episode trace .* has 4"):
+        load_sim_config(short)
+    rec = json.loads((tmp_path / "ep.jsonl").read_text().splitlines()[0])
+    rec["groups"][0]["turns"][0][0] += 1
+    (tmp_path / "bad.jsonl").write_text(json.dumps(rec) + "\n")
+    bad = _write(tmp_path, {**SMALL, "workload": {**wl, "trace": "bad.jsonl"}}, "b.yaml")
+    with pytest.raises(ValueError, match=r"^workload\.trace: .*bad\.jsonl:1: 'turns' must"):
         load_sim_config(bad)
 
 

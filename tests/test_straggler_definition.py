@@ -116,7 +116,7 @@ def test_real_static16_recording_separates_the_rungs():
     from sagc_jax.sagc.workload import load_trace_groups
 
     groups, steps = load_trace_groups(ROOT / "configs/sim/traces/smollm2_static16_trace.jsonl")
-    assert len(groups) == 32 and all(len(gl) == 16 for gl, _, _, _ in groups)
+    assert len(groups) == 32 and all(len(gr.lengths) == 16 for gr in groups)
     assert steps.tolist() == list(range(1, 33))
     sim = load_sim_config(ROOT / "configs/sim/real/smollm2_static16_replay.yaml", ["steps=60"])
     assert sim.sagc.delta == 0.6 and sim.sagc.straggler == "tail_share"

@@ -105,6 +105,7 @@ class FirstRound:
     decode_steps: int
     prefill_s: float
     decode_s: float
+    env_s: float = 0.0  # seconds in environment calls (episodes)
 
 
 @dataclasses.dataclass
@@ -130,6 +131,9 @@ class Rollout:
     # [R, N] True on an environment's tokens (multi-turn episodes, `rollout.episodes`): context
     # the loss never scores. None = every completion token is the model's.
     env_mask: np.ndarray | None = None
+    # [R, max_turns] tokens each turn of an episode added (`rollout.episodes.Played`); None for
+    # single turns. Recorded in trace.jsonl so the simulator can replay episodes' decode steps.
+    turn_tokens: np.ndarray | None = None
 
     @property
     def prompt_len(self) -> int:

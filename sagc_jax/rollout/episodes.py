@@ -64,7 +64,9 @@ class Played:
     tokens / logprobs / env_mask [R, n]: each episode's tokens (model and environment), their
     sampling log-probs (0 on environment tokens) and which are the environment's; lengths: its
     tokens; truncated: ended by the token budget; texts: its decoded text; env_return: the
-    environment's return (`EpisodeSettings.reward`); turns: model turns played.
+    environment's return (`EpisodeSettings.reward`); turns: model turns played; turn_tokens
+    [R, max_turns]: tokens each turn added (its reply's and the model's; 0 after the last), so
+    a step's decode steps are the sum over turns of each turn's longest row (chunk-rounded).
     """
 
     tokens: np.ndarray
@@ -76,6 +78,7 @@ class Played:
     env_return: np.ndarray
     turns: np.ndarray
     stats: dict[str, float]
+    turn_tokens: np.ndarray
 
 
 def episode_text(tokenizer: Any, ids: np.ndarray) -> str:
@@ -106,11 +109,14 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
     returns = np.zeros(rows, np.float32)
     env_s = 0.0
     pos = np.zeros(rows, np.int64)
+    turn_tokens = np.zeros((rows, st.max_turns), np.int64)
     while live.any():
         start = pos + np.asarray([len(x) for x in replies])  # this turn's first model slot
         end = sampler.turn(ep, live=live, replies=replies, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
-        pos = end.pos[:rows].astype(np.int64)
+        new_pos = end.pos[:rows].astype(np.int64)
+        turn_tokens[live, turns[live]] = (new_pos - pos)[live]
+        pos = new_pos
         replies = [[] for _ in range(rows)]
         t0 = time.perf_counter()
         for r in np.flatnonzero(live):
@@ -139,7 +145,8 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
              "episode_turns": float(turns.mean()),
              "env_token_frac": float(env_mask.sum() / n_tok),
              "env_return_mean": float(returns.mean())}
-    return Played(tokens, logprobs, env_mask, lengths, truncated, texts, returns, turns, stats)
+    return Played(tokens, logprobs, env_mask, lengths, truncated, texts, returns, turns, stats,
+                  turn_tokens)
 
 
 def _reply(sampler: TurnSampler, spec: EnvSpec, tokenizer: Any, text: str, index: int,
@@ -177,10 +184,10 @@ def collect_episodes(sampler: TurnSampler, prompts: PromptStream, g: int,
              "compiles": 0}
     rows = len(examples) * g
     first = FirstRound(out.lengths, out.truncated, raw, len(examples), out.stats["decode_steps"],
-                       out.stats["prefill_s"], out.stats["decode_s"])
+                       out.stats["prefill_s"], out.stats["decode_s"], out.stats["env_s"])
     return Rollout(list(examples), g, out.tokens, out.logprobs, out.lengths, out.truncated,
                    shaped, raw, np.ones(rows, bool), out.texts, stats, first, res.num_errors,
-                   scored=scored, env_mask=out.env_mask)
+                   scored=scored, env_mask=out.env_mask, turn_tokens=out.turn_tokens)
 
 
 def episode_accuracy(sampler: TurnSampler, settings: EpisodeSettings, tokenizer: Any,

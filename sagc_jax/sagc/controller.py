@@ -107,7 +107,7 @@ def observe(
     lam_tr = 0.5 ** (1.0 / t_hl) if t_hl else 0.0
     length = trend_update(length, state.length.trend_s, lengths, step, 0.0 if fresh else lam_tr)
     timed = obs.decode_steps > 0 and obs.decode_s > 0
-    sec = float(obs.decode_s) + max(float(obs.prefill_s), 0.0)
+    sec = float(obs.decode_s) + max(float(obs.prefill_s), 0.0) + max(float(obs.env_s), 0.0)
     benefit = benefit_update(
         state.benefit, rewards, i_g, lam, (step_benefit(rewards, c), sec) if timed else None,
         0.5 ** (1.0 / rate_half_life(cfg, c)), c,

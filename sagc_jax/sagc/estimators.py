@@ -123,7 +123,23 @@ def expected_decode_steps(
         untr = np.minimum(np.ceil(mx / chunk) * chunk, cap).mean()
         p_any = 1.0 - (1.0 - p_tr) ** (int(b) * g)
         out[i] = p_any * cap + (1.0 - p_any) * untr
-    return out
+    return out * steps_factor(cfg, state)
+
+
+def steps_factor(cfg: Any, state: State) -> np.ndarray:
+    """Realised decode steps per step / those of the longest row, per candidate: float [K], >= 1.
+
+    1 for single turns (a step decodes until its longest row ends). An episode runs every turn to
+    that turn's longest row, so its step costs more decode steps than its longest episode has
+    tokens, the more so the more rows (issue 53): measured per shape (``cost.steps_factor``),
+    unmeasured shapes by a line in rows through the measured ones, never below 1.
+    """
+    co = state.cost
+    fac = co.steps_factor
+    if not (co.measured & (fac != 1.0)).any():
+        return np.ones(len(cfg.group_sizes))  # single turns: exactly 1, nothing to fit
+    rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
+    return np.maximum(np.nan_to_num(_interp_rows(rows, co.measured, fac, 1.0), nan=1.0), 1.0)
 
 
 def posterior_risk(
@@ -164,7 +180,8 @@ def _interp_rows(
 
 
 def predicted_cost(cfg: Any, state: State, consts: SAGCConstants | None = None) -> np.ndarray:
-    """Predicted rollout seconds per step at each g: prefill(rows_g) + E[steps_g] x t_dec(rows_g).
+    """Predicted rollout seconds per step at each g: prefill(rows_g) + E[steps_g] x t_dec(rows_g)
+    (+ environment seconds(rows_g) for episodes timed on the measured clock).
 
     Without any timing yet, t_dec = 1 and prefill = 0 (cost in decode-step units).
     """
@@ -177,6 +194,8 @@ def predicted_cost(cfg: Any, state: State, consts: SAGCConstants | None = None) 
     steps = state.length.exp_steps
     if not (steps > 0).all():
         steps = np.full(len(rows), float(max(int(co.max_new_tokens), 1)))
+    if (co.env_s > 0).any():  # episodes on the measured clock: environment seconds too
+        return pre + steps * dec + np.nan_to_num(_interp_rows(rows, meas, co.env_s, frac), nan=0.0)
     return pre + steps * dec
 
 

@@ -23,7 +23,9 @@ class Observation:
 
     lengths: int [rows], generated tokens incl. EOS; truncated: bool [rows] (hit max_new_tokens);
     rewards: float [rows]; prefill_s / decode_s: seconds; decode_steps: decode steps run
-    (a multiple of decode_chunk). Timings <= 0 mean "not measured" (e.g. a compile step).
+    (a multiple of decode_chunk; for episodes the sum over turns of each turn's longest row,
+    more than the longest episode's). Timings <= 0 mean "not measured" (e.g. a compile step).
+    env_s: seconds in environment calls (episodes, `timing: measured`; 0 otherwise).
     """
 
     group_size: int
@@ -37,6 +39,7 @@ class Observation:
     rows: int = 0  # 0 = len(lengths)
     prompts: int = 0  # 0 = rows // group_size
     decode_chunk: int = 1
+    env_s: float = 0.0
 
 
 def last_axis_median(x: np.ndarray) -> np.ndarray:

@@ -252,7 +252,8 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int, factor: float = 1.0
     rewards = draw.rewards[:b, :g]
     rows = b * g
     tm = sim.timing
-    steps = tm.decode_steps(int(lengths.max()), draw.max_new_tokens)
+    steps = (tm.episode_decode_steps(draw.turns[:b, :g]) if draw.turns is not None
+             else tm.decode_steps(int(lengths.max()), draw.max_new_tokens))
     pre, dec = factor * tm.prefill_s(rows), factor * steps * tm.decode_step_s(rows)
     informative = (rewards.max(-1) != rewards.min(-1)).sum()
     benefit = float(informative) * (1.0 - 1.0 / g)

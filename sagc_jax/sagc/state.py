@@ -88,6 +88,10 @@ class Cost(NamedTuple):
     prompts: np.ndarray  # int64 []: last observed prompts per step (prompts policy)
     max_new_tokens: np.ndarray  # int64 []: tokens
     decode_chunk: np.ndarray  # int64 []: decode steps per chunk (>= 1)
+    # Realised decode steps / those of the longest row, EMA per shape: 1 for single turns;
+    # episodes run each turn to its longest row, so theirs is > 1 (issue 53).
+    steps_factor: np.ndarray  # float64 [K]: unitless
+    env_s: np.ndarray  # float64 [K]: EMA seconds per step in environment calls per shape
 
 
 class Change(NamedTuple):
@@ -167,7 +171,7 @@ def init_state(
                         rate_now=np.zeros(3, f64)),
         cost=Cost(prefill_s=np.zeros(k, f64), decode_step_s=np.zeros(k, f64),
                   measured=np.zeros(k, bool), prompts=i64(0), max_new_tokens=i64(0),
-                  decode_chunk=i64(1)),
+                  decode_chunk=i64(1), steps_factor=np.ones(k, f64), env_s=np.zeros(k, f64)),
         change=Change(changes=i64(0), change_step=i64(0), last_llr=np.array(0.0, f64)),
     )
 
@@ -215,6 +219,7 @@ def normalize_state(
     if msg:
         raise ValueError(msg)
     ref = as_dict(init_state(cfg, consts=consts))
+    restored = _with_added_fields(restored, ref)
     got = {m: set(v) if isinstance(v, dict) else set() for m, v in restored.items()}
     want = {m: set(v) for m, v in ref.items()}
     if got != want:
@@ -235,6 +240,23 @@ def normalize_state(
             fields[k] = arr
         subs[m] = SUBSTATES[m](**fields)
     return SAGCState(**subs)
+
+
+#: Fields added to the layout after issue 32, with the value a state written before them means
+#: (its initial one): such a checkpoint resumes as if the field had always been there.
+ADDED_FIELDS: tuple[tuple[str, str], ...] = (("cost", "steps_factor"), ("cost", "env_s"))
+
+
+def _with_added_fields(restored: dict[str, Any], ref: dict[str, dict[str, np.ndarray]]
+                       ) -> dict[str, Any]:
+    """``restored`` with every missing ``ADDED_FIELDS`` entry set to its initial value (from
+    ``ref``, a fresh state's ``as_dict``); other keys untouched."""
+    out = dict(restored)
+    for m, k in ADDED_FIELDS:
+        sub = out.get(m)
+        if isinstance(sub, dict) and k not in sub:
+            out[m] = {**sub, k: ref[m][k]}
+    return out
 
 
 def with_fields(state: SAGCState, sub: str, **fields: Any) -> SAGCState:

@@ -85,6 +85,14 @@ class TimeModel:
         c = self.decode_chunk
         return int(math.ceil(min(max_len, max_new_tokens) / c) * c)
 
+    def episode_decode_steps(self, turns: np.ndarray) -> int:
+        """Decode steps of an episode step: turns int [rows, T] (tokens per turn) -> the sum over
+        turns of that turn's longest row, each rounded up to a whole chunk (every turn runs
+        until its longest row ends; `sampling.turns`)."""
+        c = self.decode_chunk
+        longest = np.asarray(turns).reshape(-1, np.shape(turns)[-1]).max(0)
+        return int((np.ceil(longest[longest > 0] / c) * c).sum())
+
 
 def time_model_from_dict(d: dict[str, Any] | None, base_dir: Path | None = None) -> TimeModel:
     """Validate the ``timing:`` section (errors name ``timing.<key>``)."""

@@ -267,24 +267,38 @@ def cost_update(
     timed: bool,
     consts: SAGCConstants | None = None,
 ) -> Cost:
-    """Per-shape timing EMAs (seconds: ``prefill_s``, ``decode_step_s`` per decode step, [K];
-    weight of a new measurement the constant cost_ema, the first one taken as is) when the
-    step was ``timed``, and the step's shape facts (prompts, max_new_tokens, decode_chunk)."""
+    """Per-shape EMAs (seconds: ``prefill_s``, ``decode_step_s`` per decode step, ``env_s``;
+    ``steps_factor``, realised decode steps / ``longest_row_steps``; [K]; weight of a new
+    measurement the constant cost_ema, the first one taken as is) when the step was ``timed``,
+    and the step's shape facts (prompts, max_new_tokens, decode_chunk)."""
     new = cost
     if timed:
         per_step = float(obs.decode_s) / int(obs.decode_steps)
         pre = max(float(obs.prefill_s), 0.0)
         a = resolve(consts).cost_ema if cost.measured[i_g] else 1.0
         dec, pref, meas = cost.decode_step_s.copy(), cost.prefill_s.copy(), cost.measured.copy()
+        fac, env = cost.steps_factor.copy(), cost.env_s.copy()
         dec[i_g] = (1 - a) * cost.decode_step_s[i_g] + a * per_step
         pref[i_g] = (1 - a) * cost.prefill_s[i_g] + a * pre
+        # Moved by the difference, so a single-turn run's 1.0 stays exactly 1.0.
+        fac[i_g] += a * (int(obs.decode_steps) / longest_row_steps(obs) - fac[i_g])
+        env[i_g] += a * (max(float(obs.env_s), 0.0) - env[i_g])
         meas[i_g] = True
-        new = new._replace(decode_step_s=dec, prefill_s=pref, measured=meas)
+        new = new._replace(decode_step_s=dec, prefill_s=pref, measured=meas, steps_factor=fac,
+                           env_s=env)
     return new._replace(
         prompts=np.array(obs.prompts or p_groups, np.int64),
         max_new_tokens=np.array(int(obs.max_new_tokens), np.int64),
         decode_chunk=np.array(max(int(obs.decode_chunk), 1), np.int64),
     )
+
+
+def longest_row_steps(obs: Observation) -> int:
+    """Decode steps a single turn of this step would have run: its longest row, at most
+    max_new_tokens, rounded up to a whole decode chunk (>= one chunk)."""
+    chunk = max(int(obs.decode_chunk), 1)
+    longest = min(int(np.max(obs.lengths)), int(obs.max_new_tokens))
+    return max(-(-longest // chunk) * chunk, chunk)
 
 
 def step_benefit(rewards: np.ndarray, consts: SAGCConstants | None = None) -> float:

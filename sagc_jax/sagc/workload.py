@@ -26,7 +26,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.stats import binom
@@ -59,12 +59,15 @@ def pass_rate_posteriors(k: np.ndarray, n: np.ndarray, steps: int = _PRIOR_EM_ST
 
 @dataclass(frozen=True)
 class StepDraw:
-    """One step's maximal rollout block. lengths int [P, G]; truncated bool; rewards float."""
+    """One step's maximal rollout block. lengths int [P, G]; truncated bool; rewards float;
+    turns int [P, G, T]: each episode's tokens per turn (an episode trace), None for single
+    turns."""
 
     lengths: np.ndarray
     truncated: np.ndarray
     rewards: np.ndarray
     max_new_tokens: int
+    turns: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -176,17 +179,30 @@ class TraceWorkload:
             raise ValueError(f"workload.trace: no groups in {path}")
         self.order = np.unique(self.trace_steps)  # recorded steps, ascending
         self.steps, self.window = steps, window
-        self.max_new_tokens = max(m for _, _, _, m in self.groups)
+        self.max_new_tokens = max(gr.max_new_tokens for gr in self.groups)
+        # An episode trace replays whole recorded episodes (their turns set the decode steps);
+        # rows beyond a group's recorded ones would need invented turns, so it must be recorded
+        # at the largest rung.
+        episodes = [gr.turns is not None for gr in self.groups]
+        self.turn_max = 0
+        if any(episodes):
+            short = min(len(gr.lengths) for gr in self.groups)
+            if not all(episodes) or short < group_max:
+                raise ValueError(
+                    f"workload.trace: {path}: an episode trace (groups with 'turns') needs "
+                    f"'turns' in every group and every group recorded at the largest rung "
+                    f"({group_max} rows); its smallest group has {short}")
+            self.turn_max = max(gr.turns.shape[1] for gr in self.groups)
         eps, trs = [], []
-        for lengths, truncated, _, _ in self.groups:
-            med = max(float(np.median(lengths)), 1.0)
-            eps.append(lengths / med)
-            trs.append(truncated)
+        for gr in self.groups:
+            med = max(float(np.median(gr.lengths)), 1.0)
+            eps.append(gr.lengths / med)
+            trs.append(gr.truncated)
         self.pool_eps = np.concatenate(eps)
         self.pool_tr = np.concatenate(trs)
         self.pass_cdf = pass_rate_posteriors(
-            np.array([int((r > 0.5).sum()) for _, _, r, _ in self.groups]),
-            np.array([len(r) for _, _, r, _ in self.groups]))
+            np.array([int((gr.rewards > 0.5).sum()) for gr in self.groups]),
+            np.array([len(gr.rewards) for gr in self.groups]))
         self.prompts_max, self.group_max, self.seed = prompts_max, group_max, seed
 
     def _pick(self, step: int, rng: np.random.Generator) -> np.ndarray:
@@ -205,11 +221,15 @@ class TraceWorkload:
         lengths = np.empty((self.prompts_max, gmax), np.int64)
         truncated = np.empty((self.prompts_max, gmax), bool)
         rewards = np.empty((self.prompts_max, gmax), np.float64)
+        turns = (np.zeros((self.prompts_max, gmax, self.turn_max), np.int64)
+                 if self.turn_max else None)
         for j, gi in enumerate(self._pick(step, rng)):
-            gl, gt, gr, _ = self.groups[gi]
+            gl, gt, gr, _, gturns = self.groups[gi]
             perm = rng.permutation(len(gl))[:gmax]
             n = len(perm)
             lengths[j, :n], truncated[j, :n], rewards[j, :n] = gl[perm], gt[perm], gr[perm]
+            if turns is not None:
+                turns[j, :, :gturns.shape[1]] = gturns[perm]
             if n < gmax:
                 med = max(float(np.median(gl)), 1.0)
                 k = rng.integers(0, len(self.pool_eps), gmax - n)
@@ -220,19 +240,27 @@ class TraceWorkload:
                 cdf = self.pass_cdf[gi]
                 p = PASS_GRID[min(int(np.searchsorted(cdf, rng.random())), len(cdf) - 1)]
                 rewards[j, n:] = ((rng.random(gmax - n) < p) & ~tr).astype(np.float64)
-        return StepDraw(lengths, truncated, rewards, int(mx))
+        return StepDraw(lengths, truncated, rewards, int(mx), turns)
 
 
-TraceGroup = tuple[np.ndarray, np.ndarray, np.ndarray, int]
+class TraceGroup(NamedTuple):
+    """One recorded group of a trace (G rows)."""
+
+    lengths: np.ndarray  # int [G]: tokens (an episode's: model and environment)
+    truncated: np.ndarray  # bool [G]
+    rewards: np.ndarray  # float [G], raw
+    max_new_tokens: int
+    turns: np.ndarray | None = None  # int [G, T]: an episode's tokens per turn; None: one turn
 
 
 def load_trace_groups(path: str | Path) -> tuple[list[TraceGroup], np.ndarray]:
-    """Parse trace.jsonl -> ([(lengths int [G], truncated bool [G], rewards float [G], max_new)],
-    each group's recorded step int [N]; the line number where a record has no "step").
+    """Parse trace.jsonl -> ([TraceGroup], each group's recorded step int [N]; the line number
+    where a record has no "step").
 
     Format, one JSON object per line: {"step", "group_size", "max_new_tokens",
-    "groups": [{"lengths": [...], "truncated": [...], "rewards": [...]}, ...]}. Traces of several
-    runs may be concatenated: groups with the same "step" replay together.
+    "groups": [{"lengths": [...], "truncated": [...], "rewards": [...]}, ...]}; an episode run's
+    groups also have "turns" (per row, its tokens per turn). Traces of several runs may be
+    concatenated: groups with the same "step" replay together.
     """
     out, steps = [], []
     with open(path) as f:
@@ -248,7 +276,14 @@ def load_trace_groups(path: str | Path) -> tuple[list[TraceGroup], np.ndarray]:
                     rewards = np.asarray(grp["rewards"], np.float64)
                     if not (len(lengths) == len(truncated) == len(rewards) >= 2):
                         raise ValueError("group arrays must have equal length >= 2")
-                    out.append((lengths, truncated, rewards, max_new))
+                    turns = None
+                    if "turns" in grp:
+                        turns = np.asarray(grp["turns"], np.int64)
+                        if (turns.ndim != 2 or len(turns) != len(lengths) or (turns < 0).any()
+                                or (turns.sum(1) != lengths).any()):
+                            raise ValueError("'turns' must be one list of per-turn token "
+                                             "counts (>= 0) per row, summing to its length")
+                    out.append(TraceGroup(lengths, truncated, rewards, max_new, turns))
                     steps.append(int(rec.get("step", lineno)))
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"workload.trace: {path}:{lineno}: {e}") from None

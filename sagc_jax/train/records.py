@@ -49,10 +49,17 @@ def metrics_row(step: int, ro: Rollout, m: dict[str, float], sagc_m: dict[str, A
 
 
 def trace_row(step: int, ro: Rollout, max_new_tokens: int) -> dict[str, Any]:
-    """trace.jsonl row: per kept group, lengths, truncated flags and raw rewards."""
+    """trace.jsonl row: per kept group, lengths, truncated flags and raw rewards (and, for
+    episodes, each row's tokens per turn: ``turns`` [G][max_turns])."""
     g = ro.group_size
+
+    def group(i: int) -> dict[str, Any]:
+        rows = slice(i * g, (i + 1) * g)
+        out = {"lengths": ro.lengths[rows].tolist(), "truncated": ro.truncated[rows].tolist(),
+               "rewards": ro.raw_rewards[rows].round(6).tolist()}
+        if ro.turn_tokens is not None:
+            out["turns"] = ro.turn_tokens[rows].tolist()
+        return out
+
     return {"step": step + 1, "group_size": g, "max_new_tokens": max_new_tokens,
-            "groups": [{"lengths": ro.lengths[i * g:(i + 1) * g].tolist(),
-                        "truncated": ro.truncated[i * g:(i + 1) * g].tolist(),
-                        "rewards": ro.raw_rewards[i * g:(i + 1) * g].round(6).tolist()}
-                       for i in range(len(ro.lengths) // g) if ro.valid[i * g]]}
+            "groups": [group(i) for i in range(len(ro.lengths) // g) if ro.valid[i * g]]}
