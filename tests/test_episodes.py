@@ -61,6 +61,19 @@ class Chatter:
         return self.reply, float(self.turn), self.turn > self.k
 
 
+class Verbose(Chatter):
+    """Chatter whose replies are longer than the test sampler's 4-token reply buffer."""
+
+    def __init__(self):
+        super().__init__(reply="a reply far longer than four tokens")
+
+
+class LongGreeting(Chatter):
+    def reset(self, example):
+        super().reset(example)
+        return "a first observation far longer than four tokens"
+
+
 class ScoredCalc(Calculator):
     """The built-in calculator, subclassed: what `train` loads by 'test_episodes:ScoredCalc'."""
 
@@ -237,6 +250,24 @@ def test_an_episode_steps_decode_steps_are_each_turns_longest_row(setup):
     want = sum(-(-int(m) // chunk) * chunk for m in out.turn_tokens.max(0) if m > 0)
     assert out.stats["decode_steps"] == want
     assert want > -(-int(out.lengths.max()) // chunk) * chunk
+
+
+def test_a_reply_longer_than_the_buffer_ends_its_episode_a_first_one_is_an_error(setup):
+    """A later reply too long for the compiled reply buffer depends on what the model wrote (a
+    calculator asked for a huge number): the episode ends there, cut, counted in
+    `env_replies_cut`, and training goes on. A first observation that long is the env's or the
+    config's fault: one line naming the env and the example."""
+    settings = EpisodeSettings(_spec("test_episodes:Verbose"), max_turns=4)
+    out = play(setup.sampler, settings, _examples(setup.tok, [0, 2]), 2, tokenizer=setup.tok,
+               key=jax.random.key(0), params=None, max_new_tokens=N_NEW)
+    assert (out.turns == 1).all() and not out.env_mask.any()
+    assert out.truncated.tolist() == [False, False, True, True]  # k = 2 asked for a reply
+    assert out.stats["env_replies_cut"] == 2
+    greet = EpisodeSettings(_spec("test_episodes:LongGreeting"), max_turns=4)
+    with pytest.raises(EnvError, match=r"^env 'test_episodes:LongGreeting' failed on example 0: "
+                                       r"its first observation .* more than env\.max_reply"):
+        play(setup.sampler, greet, _examples(setup.tok, [0]), 2, tokenizer=setup.tok,
+             key=jax.random.key(0), params=None, max_new_tokens=N_NEW)
 
 
 def test_no_compile_after_warm_up_while_turns_and_g_change(setup):

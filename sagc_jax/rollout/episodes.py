@@ -102,7 +102,8 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
     envs = [spec.make(r // g) for r in range(rows)]
     replies: list[list[int]] = [
         _reply(sampler, spec, tokenizer, spec.reset(envs[r], examples[r // g], r // g), r // g,
-               st.chat_template) for r in range(rows)]
+               st.chat_template, first=True) or [] for r in range(rows)]
+    cut_replies = 0
     live = np.ones(rows, bool)
     turns = np.zeros(rows, np.int32)
     truncated = np.zeros(rows, bool)
@@ -130,11 +131,12 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
             if res.done or turns[r] >= st.max_turns:
                 live[r] = False
                 continue
-            replies[r] = _reply(sampler, spec, tokenizer, res.observation, r // g,
-                                st.chat_template)
-            if pos[r] + len(replies[r]) >= max_new_tokens:
+            reply = _reply(sampler, spec, tokenizer, res.observation, r // g, st.chat_template)
+            cut_replies += reply is None
+            if reply is None or pos[r] + len(reply) >= max_new_tokens:
                 truncated[r], live[r] = True, False  # the reply leaves no room for a turn
-                replies[r] = []
+                continue
+            replies[r] = reply
         env_s += time.perf_counter() - t0
     tokens, logprobs, env_mask, lengths = sampler.outputs(ep, max_new_tokens)
     texts = [episode_text(tokenizer, tokens[r, :lengths[r]]) for r in range(rows)]
@@ -144,21 +146,27 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
              "padding_waste": rows * ep.decode_steps - int(lengths.sum()),
              "episode_turns": float(turns.mean()),
              "env_token_frac": float(env_mask.sum() / n_tok),
-             "env_return_mean": float(returns.mean())}
+             "env_return_mean": float(returns.mean()),
+             "env_replies_cut": float(cut_replies)}
     return Played(tokens, logprobs, env_mask, lengths, truncated, texts, returns, turns, stats,
                   turn_tokens)
 
 
 def _reply(sampler: TurnSampler, spec: EnvSpec, tokenizer: Any, text: str, index: int,
-           chat_template: bool) -> list[int]:
-    """The reply's ids ("" = no reply at all, also under a chat template), checked against the
-    compiled reply buffer (`env.max_reply_tokens`)."""
+           chat_template: bool, *, first: bool = False) -> list[int] | None:
+    """The reply's ids ("" = no reply at all, also under a chat template), or None when it is
+    longer than the compiled reply buffer (`env.max_reply_tokens`). A first observation (from
+    `reset`) that long is the environment's or the config's fault, the same for every episode
+    of the example: `EnvError`. A later reply depends on what the model wrote (a calculator
+    asked for a huge number): its episode ends there, cut like one over the token budget."""
     ids = encode_reply(tokenizer, text, chat_template) if text else []
-    if len(ids) > sampler.reply_width:
-        raise EnvError(f"env {spec.name!r} failed on example {index}: its reply {text!r:.60} "
-                       f"is {len(ids)} tokens, more than env.max_reply_tokens "
+    if len(ids) <= sampler.reply_width:
+        return ids
+    if first:
+        raise EnvError(f"env {spec.name!r} failed on example {index}: its first observation "
+                       f"{text!r:.60} is {len(ids)} tokens, more than env.max_reply_tokens "
                        f"({sampler.reply_width})")
-    return ids
+    return None
 
 
 def collect_episodes(sampler: TurnSampler, prompts: PromptStream, g: int,

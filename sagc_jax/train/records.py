@@ -16,7 +16,7 @@ _LOSS_KEYS = ("loss", "pg_loss", "kl", "grad_norm", "clip_ratio", "clip_ratio_lo
 
 #: Multi-turn rollouts' metrics (`rollout.episodes.play`): model turns per episode, the
 #: environment's share of the episodes' tokens, its mean return and its seconds.
-_EPISODE_KEYS = ("episode_turns", "env_token_frac", "env_return_mean", "env_s")
+_EPISODE_KEYS = ("episode_turns", "env_token_frac", "env_return_mean", "env_s", "env_replies_cut")
 
 
 def metrics_row(step: int, ro: Rollout, m: dict[str, float], sagc_m: dict[str, Any],
