@@ -242,7 +242,7 @@ def test_an_episode_steps_decode_steps_are_each_turns_longest_row(setup):
     """Issue 53 item 4: the tokens each turn added sum to each episode's tokens, and the step's
     decode steps are the sum over turns of that turn's longest row rounded up to the decode
     chunk, more than its longest episode alone: what SAGC prices an episode step by
-    (`cost.steps_factor`) and the simulator replays (a trace's `turns`)."""
+    (`cost.steps_fit`) and the simulator replays (a trace's `turns`)."""
     out = _play(setup, [0, 2], g=2)
     assert (out.turn_tokens.sum(1) == out.lengths).all()
     assert ((out.turn_tokens > 0).sum(1) == out.turns).all()

@@ -39,6 +39,7 @@ from sagc_jax.sagc.estimators import (
     posterior_risk,
     predicted_cost,
     recent_since,
+    steps_factor,
     truncation_rate,
 )
 from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step, sagc_policy
@@ -643,17 +644,25 @@ def test_episodes_price_their_decode_steps_and_environment_seconds():
     for _ in range(3):
         single = observe(cfg, single, _episode_obs(4, 40))
         episodes = observe(cfg, episodes, _episode_obs(4, 80, env_s=0.5))
-    assert single.cost.steps_factor.tolist() == [1.0, 1.0] and (single.cost.env_s == 0).all()
-    assert episodes.cost.steps_factor[0] == pytest.approx(2.0)
+    assert (single.cost.steps_fit[3:] == 0).all() and (single.cost.env_s == 0).all()
+    assert steps_factor(cfg, single).tolist() == [1.0, 1.0]
+    # one batch size seen: flat, the same factor for the larger G (until it is tried)
+    np.testing.assert_allclose(steps_factor(cfg, episodes), [2.0, 2.0])
     np.testing.assert_allclose(episodes.length.exp_steps, 2.0 * single.length.exp_steps)
     extra = predicted_cost(cfg, episodes) - 2.0 * predicted_cost(cfg, single)
     # prefill counted once (not doubled) and 0.5 s of environment time at every shape
     np.testing.assert_allclose(extra, 0.5 - 0.1, atol=1e-12)
     # A state saved before these fields existed resumes with the values that mean "single turn".
     saved = as_dict(single)
-    del saved["cost"]["steps_factor"], saved["cost"]["env_s"]
+    del saved["cost"]["steps_fit"], saved["cost"]["env_s"]
     back = normalize_state(cfg, saved)
-    assert back.cost.steps_factor.tolist() == [1.0, 1.0] and back.cost.env_s.tolist() == [0, 0]
+    assert (back.cost.steps_fit == 0).all() and back.cost.env_s.tolist() == [0, 0]
+    # Both sizes seen: the line in log2(rows) through them (8 rows: 1.5x, 16 rows: 2x) and on.
+    both = init_state(SAGCConfig(group_sizes=(4, 8, 16), initial_group_size=4))
+    c3 = SAGCConfig(group_sizes=(4, 8, 16), initial_group_size=4)
+    for g, steps in ((4, 60), (8, 80)) * 3:
+        both = observe(c3, both, _episode_obs(g, steps))
+    np.testing.assert_allclose(steps_factor(c3, both), [1.5, 2.0, 2.5])
     del saved["cost"]["prefill_s"]
     with pytest.raises(ValueError, match=r"missing \['cost/prefill_s'\]"):
         normalize_state(cfg, saved)

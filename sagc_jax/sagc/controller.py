@@ -112,7 +112,8 @@ def observe(
         state.benefit, rewards, i_g, lam, (step_benefit(rewards, c), sec) if timed else None,
         0.5 ** (1.0 / rate_half_life(cfg, c)), c,
     )
-    cost = cost_update(state.cost, obs, i_g, p_groups, timed, c)
+    cost = cost_update(state.cost, obs, i_g, p_groups, timed, c,
+                       0.5 ** (1.0 / length_half_life(cfg, c)))
     decision = dec._replace(g_idx=np.array(i_g, np.int64), step=np.array(step + 1, np.int64))
     new = SAGCState(decision=decision, budget=budget, risk=risk, length=length,
                     benefit=benefit, cost=cost, change=change)

@@ -131,15 +131,18 @@ def steps_factor(cfg: Any, state: State) -> np.ndarray:
 
     1 for single turns (a step decodes until its longest row ends). An episode runs every turn to
     that turn's longest row, so its step costs more decode steps than its longest episode has
-    tokens, the more so the more rows (issue 53): measured per shape (``cost.steps_factor``),
-    unmeasured shapes by a line in rows through the measured ones, never below 1.
+    tokens, the more so the more rows (issue 53): the discounted least-squares line of the ratio
+    on log2(rows) over every step seen (``cost.steps_fit``; flat while one batch size has been
+    seen: the optimistic guess a larger G then checks), never below 1.
     """
-    co = state.cost
-    fac = co.steps_factor
-    if not (co.measured & (fac != 1.0)).any():
-        return np.ones(len(cfg.group_sizes))  # single turns: exactly 1, nothing to fit
-    rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
-    return np.maximum(np.nan_to_num(_interp_rows(rows, co.measured, fac, 1.0), nan=1.0), 1.0)
+    w, sx, sxx, sy, sxy = (float(v) for v in state.cost.steps_fit)
+    if w <= 0.0 or (sy == 0.0 and sxy == 0.0):
+        return np.ones(len(cfg.group_sizes))  # single turns: exactly 1
+    x = np.log2(np.maximum(batch_prompts(cfg, state) * np.array(cfg.group_sizes), 1))
+    mx, my = sx / w, sy / w
+    var = sxx / w - mx * mx
+    slope = (sxy / w - mx * my) / var if var > 1e-9 else 0.0
+    return np.maximum(1.0 + my + slope * (x - mx), 1.0)
 
 
 def posterior_risk(

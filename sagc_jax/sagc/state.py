@@ -88,9 +88,10 @@ class Cost(NamedTuple):
     prompts: np.ndarray  # int64 []: last observed prompts per step (prompts policy)
     max_new_tokens: np.ndarray  # int64 []: tokens
     decode_chunk: np.ndarray  # int64 []: decode steps per chunk (>= 1)
-    # Realised decode steps / those of the longest row, EMA per shape: 1 for single turns;
-    # episodes run each turn to its longest row, so theirs is > 1 (issue 53).
-    steps_factor: np.ndarray  # float64 [K]: unitless
+    # Realised decode steps / those of the longest row (1 for single turns; episodes run each
+    # turn to its longest row, so theirs is > 1, issue 53): discounted sums of 1, x, x^2, y,
+    # x*y with x = log2(rows), y = the ratio - 1, for its line in log rows.
+    steps_fit: np.ndarray  # float64 [5]
     env_s: np.ndarray  # float64 [K]: EMA seconds per step in environment calls per shape
 
 
@@ -171,7 +172,7 @@ def init_state(
                         rate_now=np.zeros(3, f64)),
         cost=Cost(prefill_s=np.zeros(k, f64), decode_step_s=np.zeros(k, f64),
                   measured=np.zeros(k, bool), prompts=i64(0), max_new_tokens=i64(0),
-                  decode_chunk=i64(1), steps_factor=np.ones(k, f64), env_s=np.zeros(k, f64)),
+                  decode_chunk=i64(1), steps_fit=np.zeros(5, f64), env_s=np.zeros(k, f64)),
         change=Change(changes=i64(0), change_step=i64(0), last_llr=np.array(0.0, f64)),
     )
 
@@ -244,7 +245,7 @@ def normalize_state(
 
 #: Fields added to the layout after issue 32, with the value a state written before them means
 #: (its initial one): such a checkpoint resumes as if the field had always been there.
-ADDED_FIELDS: tuple[tuple[str, str], ...] = (("cost", "steps_factor"), ("cost", "env_s"))
+ADDED_FIELDS: tuple[tuple[str, str], ...] = (("cost", "steps_fit"), ("cost", "env_s"))
 
 
 def _with_added_fields(restored: dict[str, Any], ref: dict[str, dict[str, np.ndarray]]

@@ -10,6 +10,7 @@ Shapes: K rungs (``sagc.group_sizes``), one step of P groups of G rows (``length
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -266,25 +267,31 @@ def cost_update(
     p_groups: int,
     timed: bool,
     consts: SAGCConstants | None = None,
+    lam_fit: float = 1.0,
 ) -> Cost:
-    """Per-shape EMAs (seconds: ``prefill_s``, ``decode_step_s`` per decode step, ``env_s``;
-    ``steps_factor``, realised decode steps / ``longest_row_steps``; [K]; weight of a new
-    measurement the constant cost_ema, the first one taken as is) when the step was ``timed``,
-    and the step's shape facts (prompts, max_new_tokens, decode_chunk)."""
+    """Per-shape EMAs (seconds: ``prefill_s``, ``decode_step_s`` per decode step, ``env_s``,
+    [K]; weight of a new measurement the constant cost_ema, the first one taken as is) and
+    the sums ``steps_fit`` of realised decode steps / ``longest_row_steps`` (discount
+    ``lam_fit`` per step) when the step was ``timed``, and the step's shape facts (prompts,
+    max_new_tokens, decode_chunk)."""
     new = cost
     if timed:
         per_step = float(obs.decode_s) / int(obs.decode_steps)
         pre = max(float(obs.prefill_s), 0.0)
         a = resolve(consts).cost_ema if cost.measured[i_g] else 1.0
         dec, pref, meas = cost.decode_step_s.copy(), cost.prefill_s.copy(), cost.measured.copy()
-        fac, env = cost.steps_factor.copy(), cost.env_s.copy()
+        env = cost.env_s.copy()
         dec[i_g] = (1 - a) * cost.decode_step_s[i_g] + a * per_step
         pref[i_g] = (1 - a) * cost.prefill_s[i_g] + a * pre
-        # Moved by the difference, so a single-turn run's 1.0 stays exactly 1.0.
-        fac[i_g] += a * (int(obs.decode_steps) / longest_row_steps(obs) - fac[i_g])
         env[i_g] += a * (max(float(obs.env_s), 0.0) - env[i_g])
+        # Every step adds to one line in log rows (not a value per shape: a ratio is noisy per
+        # step, and a shape tried once would keep its first draw); a single turn's y is exactly
+        # 0, so its sums stay 0 and its factor exactly 1.
+        x = math.log2(max(int(obs.rows) or len(obs.lengths), 1))
+        y = int(obs.decode_steps) / longest_row_steps(obs) - 1.0
+        fit = lam_fit * cost.steps_fit + np.array([1.0, x, x * x, y, x * y])
         meas[i_g] = True
-        new = new._replace(decode_step_s=dec, prefill_s=pref, measured=meas, steps_factor=fac,
+        new = new._replace(decode_step_s=dec, prefill_s=pref, measured=meas, steps_fit=fit,
                            env_s=env)
     return new._replace(
         prompts=np.array(obs.prompts or p_groups, np.int64),
