@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sagc_jax.sagc.controller import Observation
-from sagc_jax.sagc.timing import TimeModel
+from sagc_jax.sagc.timing import TimeModel, chunked_decode_steps
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def logged_observations(run_dir: str | Path, sagc_cfg: Any,
         t = trace[m["step"]]
         g, rows, steps = t["group_size"], m["rows"], m["decode_steps"]
         lengths = np.array([n for gr in t["groups"] for n in gr["lengths"]])
-        if steps != -(-int(lengths.max()) // decode_chunk) * decode_chunk:
+        if steps != chunked_decode_steps(int(lengths.max()), t["max_new_tokens"], decode_chunk):
             raise ValueError(f"{run}: step {m['step']}: decode_steps {steps} is not the longest "
                              f"row ({int(lengths.max())}) rounded up to {decode_chunk}")
         yield LoggedStep(m, t, Observation(

@@ -42,6 +42,13 @@ def _extrap(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     return np.maximum(y, 0.0)
 
 
+def chunked_decode_steps(max_len: int, max_new_tokens: int, chunk: int) -> int:
+    """Decode steps a single turn runs: its longest row (at most max_new_tokens) rounded up to
+    a whole ``chunk`` (the sampler's loop exits only between chunks)."""
+    c = max(int(chunk), 1)
+    return int(math.ceil(min(int(max_len), int(max_new_tokens)) / c) * c)
+
+
 @dataclass(frozen=True)
 class TimeModel:
     """Linear (a + b*rows) or calibrated per-shape time model. Seconds; defaults
@@ -82,8 +89,7 @@ class TimeModel:
     def decode_steps(self, max_len: int, max_new_tokens: int) -> int:
         """Decode steps run: the longest row rounded up to a whole chunk (the while_loop exits
         only between chunks), at most max_new_tokens rounded up likewise."""
-        c = self.decode_chunk
-        return int(math.ceil(min(max_len, max_new_tokens) / c) * c)
+        return chunked_decode_steps(max_len, max_new_tokens, self.decode_chunk)
 
     def episode_decode_steps(self, turns: np.ndarray) -> int:
         """Decode steps of an episode step: turns int [rows, T] (tokens per turn) -> the sum over

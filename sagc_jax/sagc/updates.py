@@ -26,6 +26,7 @@ from sagc_jax.sagc.estimators import (
 )
 from sagc_jax.sagc.events import Observation, counterfactual_risk, counterfactual_tail_share
 from sagc_jax.sagc.state import Benefit, Budget, Change, Cost, Length, Risk
+from sagc_jax.sagc.timing import chunked_decode_steps
 
 
 def budget_update(
@@ -303,9 +304,9 @@ def cost_update(
 def longest_row_steps(obs: Observation) -> int:
     """Decode steps a single turn of this step would have run: its longest row, at most
     max_new_tokens, rounded up to a whole decode chunk (>= one chunk)."""
-    chunk = max(int(obs.decode_chunk), 1)
-    longest = min(int(np.max(obs.lengths)), int(obs.max_new_tokens))
-    return max(-(-longest // chunk) * chunk, chunk)
+    steps = chunked_decode_steps(int(np.max(obs.lengths)), int(obs.max_new_tokens),
+                                 obs.decode_chunk)
+    return max(steps, max(int(obs.decode_chunk), 1))
 
 
 def step_benefit(rewards: np.ndarray, consts: SAGCConstants | None = None) -> float:
