@@ -214,6 +214,35 @@ def test_episode_trace_replays_each_turns_longest_row(tmp_path):
         load_sim_config(bad)
 
 
+def test_episode_environment_seconds_count_every_call_and_only_the_measured_clock_sees_them(
+        tmp_path):
+    """Issue 53 item 4: `timing.env_call_s` adds one call per played turn and row (one after
+    another, as the rollout calls env.step) to the step's seconds, noise and drift aside; SAGC's
+    observation carries them on the `measured` clock only (as the trainer's); a workload without
+    episodes has no environment to call."""
+    _episode_trace(tmp_path / "ep.jsonl", rows=8)
+    wl = {"trace": "ep.jsonl", "prompts_per_step": 2}
+    base = load_sim_config(_write(tmp_path, {**SMALL, "workload": wl}))
+    env = {"env_call_s": 0.25}
+    for timing, seen in (("model", False), ("measured", True)):
+        sim = load_sim_config(_write(tmp_path, {**SMALL, "workload": wl, "timing": env,
+                                                "sagc": {**SMALL["sagc"], "timing": timing}}))
+        d = sim.workload.draw(1)
+        for g in (4, 8):
+            obs0, sec0, _ = run_step(base, d, g, factor=2.0)
+            obs, sec, _ = run_step(sim, d, g, factor=2.0)
+            calls = int((d.turns[:, :g] > 0).sum())
+            assert calls > 0 and sec == pytest.approx(sec0 + 0.25 * calls)
+            assert obs.env_s == (pytest.approx(0.25 * calls) if seen else 0.0)
+            assert obs0.env_s == 0.0 and obs.decode_s == obs0.decode_s
+    bad = _write(tmp_path, {**SMALL, "timing": {"env_call_s": 0.1}}, "synthetic.yaml")
+    with pytest.raises(ValueError, match=r"^timing\.env_call_s: only an episode trace"):
+        load_sim_config(bad)
+    neg = _write(tmp_path, {**SMALL, "workload": wl, "timing": {"env_call_s": -1}}, "neg.yaml")
+    with pytest.raises(ValueError, match=r"^timing\.env_call_s: a number >= 0"):
+        load_sim_config(neg)
+
+
 def test_replay_extension_pass_rates_are_empirical_bayes():
     """Rows added above a recorded group's size draw p from the group's posterior under the
     trace's own pass-rate prior: on J-shaped Beta(0.5, 2) pass rates, 8 recorded rows extended

@@ -90,6 +90,10 @@ class SimConfig:
     # policies at a step (common random numbers).
     time_noise: float = 0.0
     time_drift: float = 0.0
+    # Host seconds per environment call (episode traces): the rollout calls env.step once per
+    # played model turn and row, one after another, so a step's environment seconds grow with
+    # rows x turns. Not device time: neither noise nor drift scales it.
+    env_call_s: float = 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,11 +196,14 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         ramp_ends = frozenset(b for _, b in ramps)
         workload = SyntheticWorkload(base, drift, pmax, gmax, seed, ramp_ends)
     timing_raw = dict(raw.get("timing") or {})
-    noise = {k: timing_raw.pop(k, 0.0) for k in ("noise", "drift")}
+    noise = {k: timing_raw.pop(k, 0.0) for k in ("noise", "drift", "env_call_s")}
     for k, v in noise.items():
         if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or (
-                k == "noise" and v < 0):
-            raise ValueError(f"timing.{k}: a number{' >= 0' if k == 'noise' else ''}, got {v!r}")
+                k != "drift" and v < 0):
+            raise ValueError(f"timing.{k}: a number{' >= 0' if k != 'drift' else ''}, got {v!r}")
+    if noise["env_call_s"] and not (isinstance(workload, TraceWorkload) and workload.turn_max):
+        raise ValueError("timing.env_call_s: only an episode trace (workload.trace whose rows "
+                         "record `turns`) calls an environment")
     timing = time_model_from_dict(timing_raw, base_dir)
     return SimConfig(
         steps,
@@ -212,6 +219,7 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         owin,
         float(noise["noise"]),
         float(noise["drift"]),
+        float(noise["env_call_s"]),
     )
 
 
@@ -255,6 +263,12 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int, factor: float = 1.0
     steps = (tm.episode_decode_steps(draw.turns[:b, :g]) if draw.turns is not None
              else tm.decode_steps(int(lengths.max()), draw.max_new_tokens))
     pre, dec = factor * tm.prefill_s(rows), factor * steps * tm.decode_step_s(rows)
+    env = 0.0
+    if draw.turns is not None and sim.env_call_s:
+        # env.step gets every played turn's text but that of a row cut at the token cap (the
+        # rare cut by an over-long reply is counted as no call: a slight under-count).
+        calls = int((draw.turns[:b, :g] > 0).sum()) - int(truncated.sum())
+        env = sim.env_call_s * max(calls, 0)
     informative = (rewards.max(-1) != rewards.min(-1)).sum()
     benefit = float(informative) * (1.0 - 1.0 / g)
     obs = Observation(
@@ -269,8 +283,10 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int, factor: float = 1.0
         rows=rows,
         prompts=b,
         decode_chunk=tm.decode_chunk,
+        # as the trainer's observation_from: the `model` clock prices the accelerator only
+        env_s=env if sim.sagc.timing == "measured" else 0.0,
     )
-    return obs, pre + dec, benefit
+    return obs, pre + dec + env, benefit
 
 
 def sagc_policy(sim: SimConfig, sagc: SAGCConfig | None = None) -> SAGCPolicy:
