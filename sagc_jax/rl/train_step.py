@@ -68,6 +68,18 @@ class LossSettings:
     temperature: float = 1.0
     max_tokens: int = 128  # Dr. GRPO's constant normaliser (max_new_tokens)
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> LossSettings:
+        """The loss settings of a Config (`algo.*`, sampling temperature and length)."""
+        a, s = cfg.algo, cfg.sampling
+        return cls(epsilon=a.epsilon, epsilon_high=a.epsilon_high, clip_delta=a.clip_delta,
+                   importance_sampling=a.importance_sampling, loss_agg=a.loss_agg, beta=a.beta,
+                   kl_estimator=a.kl_estimator, kl_bias_correction=a.kl_bias_correction,
+                   scale_rewards=a.scale_rewards, std_ddof=a.std_ddof, adv_eps=a.adv_eps,
+                   top_entropy_quantile=a.top_entropy_quantile,
+                   off_policy_threshold=a.off_policy_mask_threshold,
+                   temperature=s.temperature, max_tokens=s.max_new_tokens)
+
     def advantages(self, rewards: jax.Array, group_ids: jax.Array, valid: jax.Array,
                    num_groups: int) -> jax.Array:
         """`f32[S]` group advantages under these settings."""

@@ -209,7 +209,7 @@ def warm_up(run: Run, state: RunState, check: Callable[[str], None] = _no_stop) 
     if run.eval is not None:
         run.eval.sampler.compile_all(progress=run.show_progress)
         check(where)
-    run.learner.warm_up(state)
+    run.learner.warm_up(state.params, state.opt_state)
     check(where)
     # Host-side eager ops (key derivation, the lr schedule for logging) compile once per
     # signature: do it here so `compiles` is 0 from step 1 on.
@@ -270,7 +270,8 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
                      settings=run.collect_settings, hosts=hosts)
     rollout_s = time.perf_counter() - t0
     gv, plen = global_view(ro, hosts)
-    batch = make_batch(ro, run.layout, hosts)
+    batch = make_batch(ro, run.learner.layout, hosts, pad_id=run.pad_id,
+                       mask_truncated=cfg.algo.mask_truncated)
     t0 = time.perf_counter()
     new, m = run.learner.update(state, batch)
     train_s = time.perf_counter() - t0
@@ -285,7 +286,7 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
             decode_chunk=cfg.sampling.decode_chunk, agree_seconds=hosts.seconds))
         new = _observed(run, new)
         row = metrics_row(step, gv, m, sagc_m, run.sampler.prompt_bucket_for(plen),
-                          run.layout.completion_len, float(run.lr_schedule(step)))
+                          run.learner.layout.completion_len, float(run.lr_schedule(step)))
         row.update(rollout_s=rollout_s, train_s=train_s)
         ev = cfg.run.eval_every
         if run.eval is not None and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
