@@ -3,7 +3,7 @@ sampler's decode with adapters merged once per call vs applied unmerged every to
 
     python benchmarks/lora.py [--hidden 256 --layers 4 --rows 16 --seq 96 --repeats 5]
 
-Train step: the trainer's GRPO update (`CompiledSteps`, one sequence per row, AdamW via
+Train step: the trainer's GRPO update (`Learner`, one sequence per row, AdamW via
 `make_optimizer`) on a random batch; full = every param trained, LoRA = rank-16 adapters on all
 7 weights (the base frozen). The two run interleaved (order alternating), compiles excluded;
 best of `--repeats`.

@@ -30,7 +30,7 @@ from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import make_mesh_from_config
-from sagc_jax.rewards import RewardFn, build_reward_fns, with_timeout
+from sagc_jax.rewards import RewardFn, build_reward_fns
 from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.rollout import CollectSettings, PromptStream
 from sagc_jax.rollout.episodes import EpisodeSettings
@@ -192,7 +192,7 @@ def check_inputs(cfg: Config, hosts: Hosts | None = None) -> RunInputs:
     or row)."""
     hosts = hosts or Hosts.current()
     tokenizer = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)
-    reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
+    reward_fns = build_reward_fns(cfg.rewards, cfg.reward_timeout_s)
     episodes = EpisodeSettings.from_config(cfg) if cfg.env is not None else None
     train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed,
                                    required=required_columns(cfg, reward_fns, "train"))
