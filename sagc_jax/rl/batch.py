@@ -104,4 +104,4 @@ def make_batch(ro: Any, layout: TrainLayout, hosts: Hosts | None = None, *, pad_
         seqs[k] = np.full((local, n)[:nd], -1 if k == "chunk" else k == "loss_mask", dtype)
         seqs[k][:rows] = rows_of.get(k, 0)
     return TrainBatch(chunks, seqs, split.sizes, plan.real_tokens,
-                      split.computed_tokens(layout.pack_len))
+                      sum(split.local) * layout.pack_len)

@@ -223,16 +223,13 @@ def warm_up(run: Run, state: RunState, check: Callable[[str], None] = _no_stop) 
 def eval_greedy(run: Run, params: Any) -> float:
     """Greedy held-out accuracy (first reward fn >= 0.5) with `params`."""
     assert run.eval is not None
+    cfg, ev = run.cfg, run.eval
+    kw = dict(params=params, key=rollout_key(cfg.run.seed, 0, 0),
+              chat_template=cfg.data.chat_template, on_error=cfg.reward_on_error)
     if run.episodes is not None:
-        return episode_accuracy(
-            run.eval.sampler, run.episodes, run.tokenizer, run.eval.examples, run.reward_fns,
-            params=params, key=rollout_key(run.cfg.run.seed, 0, 0),
-            max_new_tokens=run.cfg.sampling.max_new_tokens,
-            chat_template=run.cfg.data.chat_template, on_error=run.cfg.reward_on_error)
-    return greedy_accuracy(run.eval.sampler, run.tokenizer, run.eval.examples, run.reward_fns,
-                           params=params, key=rollout_key(run.cfg.run.seed, 0, 0),
-                           chat_template=run.cfg.data.chat_template,
-                           on_error=run.cfg.reward_on_error)
+        return episode_accuracy(ev.sampler, run.episodes, run.tokenizer, ev.examples,
+                                run.reward_fns, max_new_tokens=cfg.sampling.max_new_tokens, **kw)
+    return greedy_accuracy(ev.sampler, run.tokenizer, ev.examples, run.reward_fns, **kw)
 
 
 # ---------------------------------------------------------------------------- one step
@@ -257,17 +254,13 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
         # Measured timings differ per host; process 0 decides (the states are kept equal by
         # agreeing on its seconds in `observation_from`, this is the belt to those braces).
         g = int(hosts.agree(np.int32(g))) if not hosts.single else g
-    num_prompts = run.plan.prompts_per_g[g]
     t0 = time.perf_counter()
-    if run.episodes is not None:
-        ro = collect_episodes(run.sampler, run.prompts, g, run.reward_fns, step=step,
-                              num_prompts=num_prompts, params=state.params,
-                              tokenizer=run.tokenizer, settings=run.collect_settings,
-                              episodes=run.episodes)
-    else:
-        ro = collect(run.sampler, run.prompts, g, run.reward_fns, step=step,
-                     num_prompts=num_prompts, params=state.params, tokenizer=run.tokenizer,
-                     settings=run.collect_settings, hosts=hosts)
+    kw = dict(step=step, num_prompts=run.plan.prompts_per_g[g], params=state.params,
+              tokenizer=run.tokenizer, settings=run.collect_settings)
+    ro = (collect(run.sampler, run.prompts, g, run.reward_fns, hosts=hosts, **kw)
+          if run.episodes is None else
+          collect_episodes(run.sampler, run.prompts, g, run.reward_fns, episodes=run.episodes,
+                           **kw))
     rollout_s = time.perf_counter() - t0
     gv, plen = global_view(ro, hosts)
     batch = make_batch(ro, run.learner.layout, hosts, pad_id=run.pad_id,
