@@ -71,11 +71,8 @@ def resolve_named(name: str, builtins: Mapping[str, Any], *, kind: str,
                   error: type[ValueError], form: str = "package.module:function") -> Any:
     """A callable from a built-in name (a key of `builtins`) or ``"package.module:attr"``: the
     one name lookup of the config's plug-ins (rewards here, environments in `sagc_jax.envs`).
-
-    `kind` names the plug-in in messages ("reward", "env"), `form` its spelled-out name;
-    `error` is raised, with one line
-    naming what was asked for: an unknown built-in (listing them), an unimportable module, a
-    missing or non-callable attribute.
+    Raises `error`, one line naming the `kind` ("reward", "env") and what was asked for: an
+    unknown built-in (listing them), an unimportable module, a missing or non-callable attribute.
     """
     if not isinstance(name, str) or not name:
         raise error(f"{kind} name must be a non-empty string, got {name!r}")

@@ -66,29 +66,23 @@ class Learner:
         self._adapter_zeros: Any = None
 
     @property
-    def needs_logprobs(self) -> bool:
-        """Whether updates run a separate log-prob pass (KL reference or μ > 1)."""
-        return self.settings.beta > 0 or self.num_iterations > 1
-
-    @property
     def needs_entropy(self) -> bool:
         """Whether updates first run an entropy pass (the full-batch entropy threshold)."""
         return self.settings.top_entropy_quantile < 1.0
 
     # ---- shardings and programs
-    def rows_sharding(self, rows: int, ndim: int) -> NamedSharding:
-        """Rows over data x fsdp when they split evenly, else replicated (correct, just not
-        data-parallel)."""
-        ways = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        return batch_sharding(self.mesh, ndim) if rows % ways == 0 else self._rep
-
     def _shardings(self, rows: int) -> dict[str, Any]:
-        """Shardings of a program's argument kinds for chunks of `rows` rows."""
+        """Shardings of a program's argument kinds for chunks of `rows` rows: rows over
+        data x fsdp when they split evenly, else replicated (correct, just not data-parallel)."""
+        ways = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+        def over(n: int, ndim: int) -> NamedSharding:
+            return batch_sharding(self.mesh, ndim) if n % ways == 0 else self._rep
+
         S = self.layout.seqs
         return {"acc": (trainable(self.param_shardings), {k: self._rep for k in SUM_METRICS}),
-                "seq": {k: self.rows_sharding(S, nd) for k, (nd, _) in SEQ_FIELDS.items()},
-                "chunk": {k: self.rows_sharding(rows, 2) for k in CHUNK_FIELDS},
-                "out": self.rows_sharding(S, 2)}
+                "seq": {k: over(S, nd) for k, (nd, _) in SEQ_FIELDS.items()},
+                "chunk": {k: over(rows, 2) for k in CHUNK_FIELDS}, "out": over(S, 2)}
 
     def _jit(self, name: str, rows: int = 0) -> Any:
         """Program `name` (`shapes.train_programs`) for chunks of `rows` rows, jitted."""
@@ -136,7 +130,8 @@ class Learner:
     def warm_up(self, params: Any, opt_state: Any) -> None:
         """Compiles (ahead of time) every program of the layout's chunk sizes; then nothing
         more is ever compiled."""
-        for key in train_programs(self.layout.chunk_sizes, logprobs=self.needs_logprobs,
+        logprobs = self.settings.beta > 0 or self.num_iterations > 1  # KL reference, μ > 1
+        for key in train_programs(self.layout.chunk_sizes, logprobs=logprobs,
                                   entropy=self.needs_entropy):
             if key not in self._compiled:
                 self._compiled[key] = self.lower(*key, params, opt_state).compile()

@@ -86,27 +86,19 @@ def _recipe(cfg: Config) -> dict[str, Any]:
         "seed": cfg.warm_start_seed, "sft_len": s.prompt_buckets[-1] + s.max_new_tokens}))
 
 
-def _saved_warm_start(run: Run, init: RunState) -> Any | None:
-    """The params of `checkpoints/initial` when a run killed before its first step left one
-    for the same model and recipe (so the SFT is not redone); None otherwise."""
-    if run.ckpt.initial_recipe() != _recipe(run.cfg):
-        return None
-    try:
-        run.ckpt.check_model(run.model_cfg)
-        return run.ckpt.restore_initial(init.params)
-    except Exception as e:  # another model, or damaged: redo it
-        ckpt.warn(f"checkpoints/initial not reused ({ckpt.error_line(e)}); redoing it")
-        return None
-
-
 def _fresh_params(run: Run, init: RunState, check: Callable[[str], None]) -> tuple[Any, str]:
-    """(initial params, how): from a saved warm start, `init.params` or the SFT warm start
-    (then saved as `checkpoints/initial`); `init` is the built state."""
+    """(initial params, how): the params of `checkpoints/initial` when a run killed before its
+    first step left one for the same model and recipe (so the SFT is not redone), else
+    `init.params` or the SFT warm start (then saved as `checkpoints/initial`); `init` is the
+    built state."""
     cfg = run.cfg
-    params = _saved_warm_start(run, init)
-    if params is not None:
-        return params, ("fresh start from the warm start saved in checkpoints/initial (SFT not "
-                        "redone)")
+    if run.ckpt.initial_recipe() == _recipe(cfg):
+        try:
+            run.ckpt.check_model(run.model_cfg)
+            return run.ckpt.restore_initial(init.params), (
+                "fresh start from the warm start saved in checkpoints/initial (SFT not redone)")
+        except Exception as e:  # another model, or damaged: redo it
+            ckpt.warn(f"checkpoints/initial not reused ({ckpt.error_line(e)}); redoing it")
     if cfg.init.params:
         params = ckpt.restore_params(cfg.init.params, init.params)
         how = f"fresh start from init.params {cfg.init.params}"
@@ -350,9 +342,8 @@ def _report(run: Run, bar: Any, step: int, row: dict[str, Any]) -> None:
 
 
 def _close_writer(run: Run) -> None:
-    """Closes the metrics writer, then draws the run's plots (`run.plots`, writing process)."""
     run.writer.close()
-    if run.cfg.run.plots and run.writer.enabled:
+    if run.cfg.run.plots and run.writer.enabled:  # the run's plots, by the writing process
         from sagc_jax.plots import plot_run  # matplotlib only when plotting
 
         plot_run(run.writer.metrics_path, run.writer.dir / "plots")
