@@ -3,7 +3,7 @@ sampler's decode with adapters merged once per call vs applied unmerged every to
 
     python benchmarks/lora.py [--hidden 256 --layers 4 --rows 16 --seq 96 --repeats 5]
 
-Train step: the trainer's GRPO update (`CompiledSteps`, one sequence per row, AdamW via
+Train step: the trainer's GRPO update (`Learner`, one sequence per row, AdamW via
 `make_optimizer`) on a random batch; full = every param trained, LoRA = rank-16 adapters on all
 7 weights (the base frozen). The two run interleaved (order alternating), compiles excluded;
 best of `--repeats`.
@@ -41,10 +41,11 @@ from sagc_jax.models.lora import LORA_TARGETS, trainable
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.batch import make_batch
 from sagc_jax.rl.train_step import LossSettings
+from sagc_jax.shapes import TrainLayout
+from sagc_jax.train.learner import Learner
 from sagc_jax.train.state import init_opt_state
-from sagc_jax.train.steps import CompiledSteps
 
 
 def _load() -> str:
@@ -82,16 +83,14 @@ def _trainer(mcfg: ModelConfig, rows: int, lp: int, n: int):
     params = jax.device_put(params, shard)
     opt = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=0), 100)
     opt_state, opt_shard = init_opt_state(opt, trainable(params), mesh)
-    spec = LayoutSpec(seqs=rows, completion_len=n, pack_len=lp + n, chunk_sizes=(rows,),
-                      share_prompts=False)
-    steps = CompiledSteps(graphdef, opt, LossSettings(max_tokens=n), mesh, shard, opt_shard,
-                          num_groups=rows // 4, seqs=rows, completion_len=n, pack_len=lp + n,
-                          chunk_sizes=(rows,))
-    chunks, seqs = steps.to_device(make_batch(_rollout(mcfg, rows, lp, n), spec))
+    layout = TrainLayout(seqs=rows, num_groups=rows // 4, completion_len=n, pack_len=lp + n,
+                         chunk_sizes=(rows,), share_prompts=False)
+    steps = Learner(graphdef, opt, LossSettings(max_tokens=n), mesh, shard, opt_shard, layout)
+    chunks, seqs = steps.to_device(make_batch(_rollout(mcfg, rows, lp, n), layout))
     state = {"p": params, "o": opt_state}
 
     def step() -> None:
-        state["p"], state["o"], m = steps.update(state["p"], state["o"], chunks, seqs)
+        state["p"], state["o"], m = steps.step(state["p"], state["o"], chunks, seqs)
         jax.block_until_ready(m)
 
     return step, _bytes(opt_state), _bytes(params), state

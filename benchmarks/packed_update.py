@@ -165,8 +165,9 @@ def main() -> None:
 
     from sagc_jax.models.gguf import smollm2_path
     from sagc_jax.models.pretrained import from_pretrained
-    from sagc_jax.rl.batch import LayoutSpec, make_batch
+    from sagc_jax.rl.batch import make_batch
     from sagc_jax.rl.train_step import LossSettings, make_grad_step, zero_acc
+    from sagc_jax.shapes import TrainLayout
 
     model, _ = from_pretrained(smollm2_path())
     model.cfg = dataclasses.replace(model.cfg, matmul_dtype="bfloat16")
@@ -180,8 +181,8 @@ def main() -> None:
     runs: dict[str, Any] = {}
     for name, (shared, old_res, old_ent) in variants.items():
         plan = make_batch(batch(args.seed, model.cfg.vocab_size, shared),
-                          LayoutSpec(seqs=PROMPTS * G, completion_len=N, pack_len=PACK_LEN,
-                                     chunk_sizes=(4, 2, 1)))
+                          TrainLayout(seqs=PROMPTS * G, num_groups=PROMPTS, completion_len=N,
+                                      pack_len=PACK_LEN, chunk_sizes=(4, 2, 1)))
         seqs = {k: jnp.asarray(v) for k, v in plan.seqs.items()}
         chunks = [{k: jnp.asarray(v) for k, v in c.items()} for c in plan.chunks]
         # Every row its own group when unshared: the largest group count for both.

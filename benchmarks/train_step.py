@@ -19,6 +19,7 @@ is the floor its seconds are compared against.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -39,11 +40,11 @@ from sagc_jax.models.llama import Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.batch import LayoutSpec, TrainBatch, make_batch
+from sagc_jax.rl.batch import TrainBatch, make_batch
+from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.shapes import ShapePlan
-from sagc_jax.train.learner import loss_settings
+from sagc_jax.train.learner import Learner
 from sagc_jax.train.state import init_opt_state
-from sagc_jax.train.steps import CompiledSteps
 
 
 def _load() -> str:
@@ -102,12 +103,11 @@ def _setup(args: argparse.Namespace) -> dict:
     params = jax.device_put(params, shard)
     opt = make_optimizer(cfg.optim, cfg.run.steps)
     opt_state, opt_shard = init_opt_state(opt, params, mesh)
-    settings = loss_settings(cfg)
+    settings = LossSettings.from_config(cfg)
     t = plan.train_layout
-    steps = CompiledSteps.from_layout(graphdef, opt, settings, mesh, shard, opt_shard, t)
-    specs = {name: LayoutSpec(seqs=t.seqs, completion_len=t.completion_len,
-                              pack_len=t.pack_len, chunk_sizes=t.chunk_sizes,
-                              share_prompts=name == "packed") for name in ("padded", "packed")}
+    steps = Learner(graphdef, opt, settings, mesh, shard, opt_shard, t)
+    specs = {name: dataclasses.replace(t, share_prompts=name == "packed")
+             for name in ("padded", "packed")}
     examples = load_examples(cfg.data, "train", seed=cfg.run.seed)
     prompt_lens = np.array([len(encode_prompt(tok, examples[i]["prompt"],
                                               cfg.data.chat_template)) for i in range(1000)])
@@ -123,12 +123,12 @@ def _compare_steps(env: dict, repeats: int) -> list[dict]:
     steps = env["steps"]
     print(f"load before compile {_load()}", flush=True)
     t0 = time.perf_counter()
-    steps.warm_up(env["params"], env["opt_state"], False)
+    steps.warm_up(env["params"], env["opt_state"])
     print(f"compiled in {time.perf_counter() - t0:.0f}s; load {_load()}", flush=True)
 
     def run(b: dict, name: str) -> None:
         batch = make_batch(b["rollout"], env["specs"][name])
-        env["params"], env["opt_state"], m = steps.update(
+        env["params"], env["opt_state"], m = steps.step(
             env["params"], env["opt_state"], *steps.to_device(batch))
         jax.block_until_ready(m)
         b[name] = batch

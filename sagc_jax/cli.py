@@ -177,7 +177,7 @@ def _eval(argv: list[str]) -> int:
     from sagc_jax.evaluate import evaluate, format_table, load_eval_examples
     from sagc_jax.models.hf import ModelFileError
     from sagc_jax.open_run import CheckpointPathError, load_policy, resolve_checkpoint
-    from sagc_jax.rewards import RewardFn, build_reward_fns, with_timeout
+    from sagc_jax.rewards import RewardFn, build_reward_fns
 
     try:
         # Cheap checks of both paths before any model is loaded.
@@ -190,7 +190,7 @@ def _eval(argv: list[str]) -> int:
         if args.reward:
             reward_fns = [RewardFn.from_name(r) for r in args.reward]
         elif cfg is not None:
-            reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
+            reward_fns = build_reward_fns(cfg.rewards, cfg.reward_timeout_s)
         else:  # a bare HF model: the task's verifier, or exact-answer matching for a file
             reward_fns = [RewardFn.from_name(get_task(task).default_reward if task
                                              else "exact_answer")]

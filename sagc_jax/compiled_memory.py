@@ -9,7 +9,7 @@ arguments, outputs, aliased (donated) buffers and temporaries of each program.
 Per-device peak of a run (the phases do not overlap):
 - train: ``arguments + outputs - aliased + temporaries`` of the train step's grad program at its
   largest chunk of the one train layout (``ShapePlan.train_layout``, built as the trainer does:
-  ``CompiledSteps.from_layout``; its arguments hold the params, the gradient accumulator and
+  ``train.learner.Learner``; its arguments hold the params, the gradient accumulator and
   the batch), plus
   the AdamW state, which stays on the device but is an argument of the apply program only;
 - sampling: the same sum for prefill and for decode (params, KV cache, logits...), plus the
@@ -105,24 +105,18 @@ def train_step_memory(state: dict[str, Any], mesh: Mesh, optimizer, settings: An
                       layout: Any) -> ProgramMemory:
     """Compile the train step's grad program at the largest chunk of ``layout`` (a
     ``shapes.TrainLayout``, the run's ``ShapePlan.train_layout``), as the trainer builds it
-    (``CompiledSteps.from_layout``).
+    (``train.learner.Learner``).
 
     ``state`` is :func:`abstract_train_state`'s result for ``optimizer``; ``settings`` the
-    run's ``LossSettings`` (``train.learner.loss_settings``).
+    run's ``LossSettings`` (``LossSettings.from_config``).
     """
-    from sagc_jax.rl.train_step import zero_acc
-    from sagc_jax.train.steps import CompiledSteps
+    from sagc_jax.train.learner import Learner
 
-    steps = CompiledSteps.from_layout(state["graphdef"], optimizer, settings, mesh,
-                                      state["param_shardings"], state["opt_shardings"], layout)
+    learner = Learner(state["graphdef"], optimizer, settings, mesh, state["param_shardings"],
+                      state["opt_shardings"], layout)
     c = max(layout.chunk_sizes)
-    acc = jax.eval_shape(zero_acc, state["params"])
-    acc = _with_shardings(acc, steps._acc_shardings())
-    idx = jax.ShapeDtypeStruct((), jnp.int32, sharding=steps._rep)
     return _measure("train_step", f"rows={layout.seqs} chunk={c}x{layout.pack_len}",
-                    lambda: steps._fn("grad", c).lower(state["params"], acc,
-                                                       steps._chunk_spec(c), steps._seq_spec(),
-                                                       idx))
+                    lambda: learner.lower("grad", c, state["params"], state["opt_state"]))
 
 
 def sft_step_memory(cfg: Any, state: dict[str, Any], mesh: Mesh) -> ProgramMemory:
@@ -176,14 +170,15 @@ def compiled_memory(cfg: Any, mcfg: ModelConfig, mesh: Mesh, *, plan: Any) -> di
       the one layout, the sampler's G with the most rows at the longest prompt bucket.
     """
     from sagc_jax.optim import make_optimizer
-    from sagc_jax.train.learner import loss_settings
+    from sagc_jax.rl.train_step import LossSettings
 
     optimizer = make_optimizer(cfg.optim, cfg.run.steps)
     state = abstract_train_state(mcfg, mesh, optimizer)
     ppg = plan.prompts_per_g
     g = max(ppg, key=lambda k: (ppg[k] * k, k))
     lp = max(plan.prompt_buckets)
-    progs = [train_step_memory(state, mesh, optimizer, loss_settings(cfg), plan.train_layout)]
+    progs = [train_step_memory(state, mesh, optimizer, LossSettings.from_config(cfg),
+                               plan.train_layout)]
     progs += _sampler_programs(cfg, mcfg, mesh, plan, g, lp)
     sft = (sft_step_memory(cfg, state, mesh)
            if cfg.init.sft_steps > 0 and not cfg.init.params else None)

@@ -88,7 +88,7 @@ class MemoryInputs:
 # The train step's batch arguments (`rl.batch`), bytes per row: a chunk row holds 4 int32
 # [pack_len] arrays (tokens, positions, segment / branch ids) and 2 int32 [N] ones (scored slots,
 # their targets); a sequence 3 float32 [N] (old / reference log-probs, entropies), 6 four-byte
-# and 2 bool scalars. tests/test_dryrun.py checks them against CompiledSteps' abstract inputs.
+# and 2 bool scalars. tests/test_dryrun.py checks them against the Learner's abstract inputs.
 def chunk_row_bytes(pack_len: int, completion_len: int) -> int:
     """Bytes of one chunk row of the train layout's packed arrays."""
     return 4 * (4 * pack_len + 2 * completion_len)

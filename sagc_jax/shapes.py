@@ -3,7 +3,7 @@
 The one owner of rows and prompts per G (`prompts_for`), the prompt / cache buckets and the
 train layout's sizes (`TrainLayout`). Read by SAGC's cost model and the simulator
 (`prompts_for`), the sampler (`SamplingConfig.from_plan`, `sampler_shapes`), the train step
-(`ShapePlan.train_layout`: `CompiledSteps.from_layout` and the batch's `LayoutSpec`) and the dry
+(`ShapePlan.train_layout`: the `train.learner.Learner` and `rl.batch.make_batch`) and the dry
 run (the same lists, priced). A run only ever sees shapes from this plan, so `compiles` stays 0
 after warm-up.
 It imports nothing from the package: every layer above may read it.
@@ -103,7 +103,7 @@ def train_programs(chunk_sizes: Sequence[int], *, logprobs: bool,
     """Every program one update runs, as (name, chunk rows; 0: not per chunk), in compile
     order: the accumulator's zeros and the optimizer apply; a log-prob pass's output buffer
     when there is one; per chunk size its grad step, log-prob step (`logprobs`: KL reference or
-    mu > 1) and entropy step (`entropy`: `top_entropy_quantile < 1`). `CompiledSteps.warm_up`
+    mu > 1) and entropy step (`entropy`: `top_entropy_quantile < 1`). `Learner.warm_up`
     compiles exactly these and the dry run counts them."""
     out: list[tuple[str, int]] = [("zeros", 0), ("apply", 0)]
     if logprobs or entropy:
@@ -124,8 +124,8 @@ class TrainLayout:
     Chunk arrays are int32 `[chunk rows, pack_len]` (tokens, positions, segment and branch
     ids) and `[chunk rows, completion_len]` (the scored slots and their targets), one program
     per size in `chunk_sizes` (global rows, largest first); per-sequence arrays are
-    `[seqs, completion_len]` (log-probs, entropies) and `[seqs]`. `CompiledSteps.from_layout`
-    and the batch's `LayoutSpec` are built from it; the dry run prices it.
+    `[seqs, completion_len]` (log-probs, entropies) and `[seqs]`. The `train.learner.Learner`
+    compiles it, `rl.batch.make_batch` fills it, the dry run prices it.
 
     Attributes:
       seqs: S, global sequences of the largest batch of any G.

@@ -16,9 +16,9 @@ import numpy as np
 from flax import nnx
 
 from sagc_jax.models.lora import split_trainable
-from sagc_jax.rl.advantages import scored_rows
+from sagc_jax.rl.advantages import group_advantages, scored_rows
 from sagc_jax.rl.losses import entropy_threshold, loss_norms, token_logprobs_and_entropy
-from sagc_jax.rl.train_step import LossSettings, completion_mask
+from sagc_jax.rl.train_step import LossSettings
 
 
 def rollout(seed: int, *, g: int, prompts: int, lp: int, n: int, vocab: int,
@@ -94,10 +94,11 @@ def reference_loss(graphdef: nnx.GraphDef, params: Any, batch: dict[str, Any],
     """(loss, loss metrics, gradient of the trainable params) of one padded batch, unjitted."""
     s = settings
     b = {k: jnp.asarray(v) for k, v in batch.items()}
-    adv = s.advantages(b["rewards"], b["group_ids"], b["valid"], num_groups)
+    adv = group_advantages(b["rewards"], b["group_ids"], b["valid"], num_groups=num_groups,
+                           scale=s.scale_rewards, eps=s.adv_eps, ddof=s.std_ddof)
     scored = scored_rows(b["rewards"], b["valid"])
     n = b["old_logprobs"].shape[1]
-    mask = completion_mask(b["lengths"], b["loss_rows"] & scored, n)
+    mask = (jnp.arange(n)[None, :] < b["lengths"][:, None]) & (b["loss_rows"] & scored)[:, None]
     norms = loss_norms(mask, scored.sum())
     train, frozen = split_trainable(params)
 

@@ -6,9 +6,10 @@ import types
 
 import numpy as np
 
-from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.batch import make_batch
+from sagc_jax.shapes import TrainLayout
 
-SPEC = LayoutSpec(seqs=8, completion_len=3, pack_len=8, chunk_sizes=(2, 1))
+SPEC = TrainLayout(seqs=8, num_groups=4, completion_len=3, pack_len=8, chunk_sizes=(2, 1))
 
 
 def _rollout(scored):
@@ -23,7 +24,7 @@ def _rollout(scored):
 
 def test_unscored_rows_get_nan_rewards():
     b = make_batch(_rollout(np.array([True, False, True, True])),
-                   LayoutSpec(**{**SPEC.__dict__, "mask_truncated": True}))
+                   SPEC, mask_truncated=True)
     r = b.seqs["rewards"]
     assert np.isnan(r[1]) and r[[0, 2, 3]].tolist() == [1.0, 0.5, 0.25]
     assert b.seqs["group_ids"][:4].tolist() == [1, 1, 2, 2]  # global ids from row_offset

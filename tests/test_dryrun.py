@@ -389,9 +389,9 @@ def test_dry_run_prices_what_the_trainer_compiles(tmp_path, monkeypatch):
     recorded here instead of compiled. Under `batch_policy: rollouts` the G with the most rows
     is not the one with the most prompts: the step's group count is the latter's."""
     from sagc_jax.memory_estimate import per_device
+    from sagc_jax.train.learner import Learner
     from sagc_jax.train.setup import build_run
     from sagc_jax.train.state import RunState
-    from sagc_jax.train.steps import CompiledSteps
 
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", [
         f"run.dir={tmp_path}", "run.eval_every=0", "sagc.batch_policy=rollouts",
@@ -416,18 +416,16 @@ def test_dry_run_prices_what_the_trainer_compiles(tmp_path, monkeypatch):
         def compile(self):
             return self
 
-    monkeypatch.setattr(CompiledSteps, "_fn", lambda self, name, rows=0: _Record((name, rows)))
+    monkeypatch.setattr(Learner, "_jit", lambda self, name, rows=0: _Record((name, rows)))
     run = build_run(cfg, progress=False)
     try:
-        steps, layout = run.learner.steps, run.layout
-        assert (layout.seqs, layout.completion_len, layout.pack_len, layout.chunk_sizes,
-                layout.share_prompts) == (t["seqs"], t["completion_len"], t["pack_len"],
-                                          t["chunk_sizes"], t["share_prompts"])
-        assert (steps.seqs, steps.num_groups, steps.completion_len, steps.pack_len,
-                steps.chunk_sizes) == (t["seqs"], t["num_groups"], t["completion_len"],
-                                       t["pack_len"], t["chunk_sizes"])
+        layout = run.learner.layout
+        assert (layout.seqs, layout.num_groups, layout.completion_len, layout.pack_len,
+                layout.chunk_sizes, layout.share_prompts) == (
+            t["seqs"], t["num_groups"], t["completion_len"], t["pack_len"], t["chunk_sizes"],
+            t["share_prompts"])
         state: RunState = run.take_initial()
-        run.learner.warm_up(state)
+        run.learner.warm_up(state.params, state.opt_state)
     finally:
         run.writer.close()
         run.ckpt.close()

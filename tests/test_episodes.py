@@ -27,14 +27,14 @@ from sagc_jax.envs import Calculator, EnvError, EnvNameError, EnvSpec, evaluate,
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.batch import make_batch
 from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.rollout.episodes import EpisodeSettings, play
 from sagc_jax.sampling import SamplingConfig, compile_count
 from sagc_jax.sampling.turns import TurnSampler
+from sagc_jax.shapes import TrainLayout
 from sagc_jax.train.learner import Learner
 from sagc_jax.train.state import RunState, init_opt_state
-from sagc_jax.train.steps import CompiledSteps
 
 TOOL_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu_tool.yaml")
 N_NEW = 40
@@ -283,13 +283,11 @@ def test_no_compile_after_warm_up_while_turns_and_g_change(setup):
 P, G, LP, N, PACK_LEN = 4, 4, 8, 8, 16
 
 
-def _update(steps, params, opt, ro):
+def _update(learner, params, opt, ro):
     """(loss, params after one SGD(1) step) of the trainer's update of rollout `ro`."""
-    p = jax.device_put(jax.tree.map(np.asarray, params), steps.param_shardings)
+    p = jax.device_put(jax.tree.map(np.asarray, params), learner.param_shardings)
     o = opt.init(p)
-    spec = LayoutSpec(seqs=P * G, completion_len=N, pack_len=PACK_LEN, chunk_sizes=(2,))
-    learner = Learner(steps, beta=0.0, num_iterations=1)
-    state, m = learner.update(RunState(p, o), make_batch(ro, spec))
+    state, m = learner.update(RunState(p, o), make_batch(ro, learner.layout))
     return m, state.params
 
 
@@ -301,8 +299,9 @@ def test_environment_tokens_contribute_nothing_to_the_loss():
     shard = state_shardings(params, mesh)
     opt = optax.sgd(1.0)
     _, o_shard = init_opt_state(opt, params, mesh)
-    steps = CompiledSteps(graphdef, opt, LossSettings(), mesh, shard, o_shard, num_groups=P,
-                          seqs=P * G, completion_len=N, pack_len=PACK_LEN, chunk_sizes=(2,))
+    layout = TrainLayout(seqs=P * G, num_groups=P, completion_len=N, pack_len=PACK_LEN,
+                         chunk_sizes=(2,))
+    steps = Learner(graphdef, opt, LossSettings(), mesh, shard, o_shard, layout)
     ro = rollout(0, g=G, prompts=P, lp=LP, n=N, vocab=61, drop=(), truncate=False)
     env = np.zeros((P * G, N), bool)
     env[:, 2:5] = True  # three environment tokens inside every completion longer than 2

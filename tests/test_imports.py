@@ -205,6 +205,31 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     assert class_definitions(pkg)["X"] == 2
 
 
+#: Issue 52's core path: the loop, the learner, the step, the batch layout, the rollout and the
+#: rewards (docs/architecture.md, "The core path"). At the issue's filing the same roles took
+#: 2,415 lines; `CORE_PATH_MAX` is what they take now, so the path cannot grow back unnoticed.
+CORE_PATH = ("train/loop.py", "train/learner.py", "rl/train_step.py", "rl/batch.py",
+             "rl/packing.py", "rollout/collect.py", "rewards/__init__.py", "rewards/registry.py",
+             "rewards/runner.py", "rewards/answers.py")
+CORE_PATH_MAX = 2075
+
+
+def core_path_lines() -> int:
+    """`wc -l` of the core path (blank lines and docstrings included)."""
+    return sum(len((PKG / f).read_text().splitlines()) for f in CORE_PATH)
+
+
+def test_core_path_stays_short():
+    assert core_path_lines() <= CORE_PATH_MAX, (
+        f"the core path grew to {core_path_lines()} lines (cap {CORE_PATH_MAX}): shorten it, "
+        "or raise the cap here and in docs/architecture.md with a reason")
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## The core path"):]
+    section = section[:section.find("\n## ", 1)]
+    assert all(f"sagc_jax/{f}" in section for f in CORE_PATH)
+    assert f"{CORE_PATH_MAX:,}" in section
+
+
 def test_architecture_doc_names_the_layers():
     """docs/architecture.md's layer list names every entry of LAYERS, in order."""
     text = (ROOT / "docs" / "architecture.md").read_text()
@@ -264,6 +289,7 @@ if __name__ == "__main__":
         print("up a layer:", line)
     for line in oversized():
         print("too long:", line)
+    print(f"core path: {core_path_lines()} lines (cap {CORE_PATH_MAX})")
     for name, k in sorted(class_definitions().items()):
         if k > 1:
             print(f"class {name} defined {k} times")

@@ -33,10 +33,11 @@ from sagc_jax.models.peft import save_peft_adapter
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.open_run import load_policy
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.batch import make_batch
 from sagc_jax.rl.train_step import LossSettings
-from sagc_jax.train.state import init_opt_state
-from sagc_jax.train.steps import CompiledSteps
+from sagc_jax.shapes import TrainLayout
+from sagc_jax.train.learner import Learner
+from sagc_jax.train.state import RunState, init_opt_state
 
 CFG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8)
@@ -89,13 +90,12 @@ def test_only_adapters_train_and_carry_optimizer_state():
     opt = optax.adam(1e-2)
     opt_state, opt_shard = init_opt_state(opt, train, mesh)
     assert sum(x.size for x in jax.tree.leaves(opt_state)) == 2 * LCFG.num_lora_params() + 1
-    steps = CompiledSteps(graphdef, opt, LossSettings(beta=0.0, max_tokens=4), mesh, shard,
-                          opt_shard, num_groups=2, seqs=8, completion_len=4, pack_len=8,
-                          chunk_sizes=(4,))
+    learner = Learner(graphdef, opt, LossSettings(beta=0.0, max_tokens=4), mesh, shard,
+                      opt_shard, TrainLayout(8, 2, 4, 8, (4,)))
     ro = rollout(0, g=4, prompts=2, lp=4, n=4, vocab=CFG.vocab_size, drop=(), truncate=False)
     ro.lengths[:], ro.rewards = 4, np.tile([0.0, 1.0], 4).astype(np.float32)
-    chunks, seqs = steps.to_device(make_batch(ro, LayoutSpec(8, 4, 8, (4,))))
-    params, opt_state, m = steps.update(params, opt_state, chunks, seqs)
+    state, m = learner.update(RunState(params, opt_state), make_batch(ro, learner.layout))
+    params = state.params
     assert float(m["finite"]) == 1.0 and float(m["grad_norm"]) > 0
     after = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
     for k, v in after["layers"].items():

@@ -11,8 +11,9 @@ from flax import nnx
 from reference_step import rollout
 
 from sagc_jax.models import ModelConfig, Transformer
-from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.batch import make_batch
 from sagc_jax.rl.packing import first_fit_shared, plan_packing, split_chunks, split_rows
+from sagc_jax.shapes import TrainLayout
 
 CFG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8)
@@ -75,9 +76,9 @@ def test_make_batch_layout():
     """Each loss sequence's prompt and completion sit where the plan says, a group's prompt
     once per row for its completions there (the rollout's groups, no hashing)."""
     ro = rollout(1, g=G_MAX, prompts=P, lp=LP, n=N, vocab=CFG.vocab_size)
-    spec = LayoutSpec(seqs=S, completion_len=N, pack_len=PACK_LEN, chunk_sizes=(2,),
-                      pad_id=PAD, mask_truncated=True)
-    b = make_batch(ro, spec)
+    spec = TrainLayout(seqs=S, num_groups=P, completion_len=N, pack_len=PACK_LEN,
+                       chunk_sizes=(2,))
+    b = make_batch(ro, spec, pad_id=PAD, mask_truncated=True)
     seqs, chunks = b.seqs, b.chunks
     include = ro.valid & ~ro.truncated & (ro.lengths > 0)
     R = len(include)
@@ -117,15 +118,15 @@ def test_make_batch_layout():
         assert c["head_slots"].shape == c["head_targets"].shape == (len(c["tokens"]), N)
     # rewards: NaN where no reward function applied; group ids global (row_offset)
     ro.scored[3], ro.row_offset = False, 0
-    assert np.isnan(make_batch(ro, spec).seqs["rewards"][3])
+    assert np.isnan(make_batch(ro, spec, pad_id=PAD, mask_truncated=True).seqs["rewards"][3])
 
 
 def test_one_sequence_per_row_is_the_padded_layout():
     """`share_prompts=False`: each loss sequence alone in its row, prompt at slot 0."""
     ro = rollout(2, g=2, prompts=P, lp=LP, n=N, vocab=CFG.vocab_size)
-    spec = LayoutSpec(seqs=S, completion_len=N, pack_len=PACK_LEN, chunk_sizes=(4, 1),
-                      share_prompts=False, mask_truncated=True)
-    b = make_batch(ro, spec)
+    spec = TrainLayout(seqs=S, num_groups=P, completion_len=N, pack_len=PACK_LEN,
+                       chunk_sizes=(4, 1), share_prompts=False)
+    b = make_batch(ro, spec, mask_truncated=True)
     include = ro.valid & ~ro.truncated & (ro.lengths > 0)
     assert sum(b.sizes) == include.sum()  # chunks of 4, then 1s: no padding rows
     where = {(int(b.seqs["chunk"][s]), int(b.seqs["row"][s])) for s in np.flatnonzero(include)}

@@ -27,7 +27,6 @@ from sagc_jax.rewards import (
     RewardError,
     RewardFn,
     compute_rewards,
-    with_timeout,
 )
 from tools.reliability import (
     fuzz_ckpt,
@@ -345,7 +344,7 @@ def _nan(prompts, completions, **_):
 
 
 def test_a_reward_that_never_returns_is_stopped_by_the_timeout(caplog):
-    fns = with_timeout([RewardFn("stuck", _sleeps)], 0.2)
+    fns = [RewardFn("stuck", _sleeps, timeout_s=0.2)]
     with pytest.raises(RewardError, match=r"reward 'stuck' failed on example 0: did not return "
                                           r"within 0.2 s \(reward_timeout_s"):
         compute_rewards(fns, ["p"] * 4, ["a", "b", "c", "d"])
@@ -358,8 +357,7 @@ def test_a_reward_that_never_returns_is_stopped_by_the_timeout(caplog):
 
 def test_a_reward_raising_on_1pct_and_one_returning_nan_have_the_documented_outcome():
     comps = [f"row{i}" for i in range(200)]  # row37, row137 raise: 1 %
-    for fns in ([RewardFn("flaky", _raises_1pct)], with_timeout([RewardFn("flaky", _raises_1pct)],
-                                                                5.0)):
+    for fns in ([RewardFn("flaky", _raises_1pct)], [RewardFn("flaky", _raises_1pct, 1.0, 5.0)]):
         with pytest.raises(RewardError, match=r"'flaky' failed on example 37: raised RuntimeError"):
             compute_rewards(fns, [""] * 200, comps)
         res = compute_rewards(fns, [""] * 200, comps, on_error="zero")

@@ -170,8 +170,8 @@ def test_micro_batches_stay_sharded_over_the_batch_axes():
     slots) shrink against chunks of 32 rows; the per-sequence [S, N] arrays are a fixed part."""
     from sagc_jax.compiled_memory import abstract_train_state, train_step_memory
     from sagc_jax.optim import make_optimizer
+    from sagc_jax.rl.train_step import LossSettings
     from sagc_jax.shapes import ShapePlan
-    from sagc_jax.train.learner import loss_settings
 
     mcfg = dataclasses.replace(_tiny(), vocab_size=8192, remat=True)
     mesh = make_mesh(4, 1, 1)
@@ -184,7 +184,8 @@ def test_micro_batches_stay_sharded_over_the_batch_axes():
         assert (layout.seqs, layout.num_groups, max(layout.chunk_sizes)) == (32, 8, mb)
         opt = make_optimizer(cfg.optim, cfg.run.steps)
         state = abstract_train_state(mcfg, mesh, opt)
-        temp[mb] = train_step_memory(state, mesh, opt, loss_settings(cfg), layout).temp
+        temp[mb] = train_step_memory(state, mesh, opt, LossSettings.from_config(cfg),
+                                     layout).temp
     assert temp[8] < 0.5 * temp[32], temp
 
 

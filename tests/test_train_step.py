@@ -19,12 +19,12 @@ from reference_step import padded_batch, padded_logprobs, reference_loss, reorde
 from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.batch import make_batch
 from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.sampling import compile_count
+from sagc_jax.shapes import TrainLayout
 from sagc_jax.train.learner import Learner
 from sagc_jax.train.state import RunState, init_opt_state
-from sagc_jax.train.steps import CompiledSteps
 
 CFG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8)
@@ -41,30 +41,33 @@ def _ro(seed: int, g: int = G_MAX, **kw):
     return rollout(seed, g=g, prompts=P, lp=LP, n=N, vocab=CFG.vocab_size, **kw)
 
 
-def _steps(settings: LossSettings, opt, params, *, mesh_shape=(1, 1, 1), chunk_sizes=(2,)):
-    """(CompiledSteps, params placed on the mesh, fresh optimizer state)."""
+def _layout(chunk_sizes, share=True):
+    return TrainLayout(seqs=S, num_groups=P, completion_len=N, pack_len=PACK_LEN,
+                       chunk_sizes=chunk_sizes, share_prompts=share)
+
+
+def _steps(settings: LossSettings, opt, params, *, mesh_shape=(1, 1, 1), chunk_sizes=(2,),
+           iterations=1):
+    """(Learner, params placed on the mesh, fresh optimizer state)."""
     mesh = make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
     shard = state_shardings(params, mesh)
     p = jax.device_put(jax.tree.map(np.asarray, params), shard)  # fresh: the steps donate them
     o, o_shard = init_opt_state(opt, p, mesh)
-    steps = CompiledSteps(_model()[0], opt, settings, mesh, shard, o_shard, num_groups=P, seqs=S,
-                          completion_len=N, pack_len=PACK_LEN, chunk_sizes=chunk_sizes)
-    return steps, p, o
+    learner = Learner(_model()[0], opt, settings, mesh, shard, o_shard, _layout(chunk_sizes),
+                      num_iterations=iterations)
+    return learner, p, o
 
 
 def _layout_update(ro, settings, opt, params, *, iterations=1, ref=None, share=True,
-                   mesh_shape=(1, 1, 1), chunk_sizes=(2,), steps=None):
+                   mesh_shape=(1, 1, 1), chunk_sizes=(2,)):
     """The trainer's update of rollout `ro`: make_batch -> Learner.update; (params, metrics,
-    the batch, the steps)."""
-    st, p, o = _steps(settings, opt, params, mesh_shape=mesh_shape, chunk_sizes=chunk_sizes)
-    st = steps or st
-    learner = Learner(st, beta=settings.beta, num_iterations=iterations)
-    spec = LayoutSpec(seqs=S, completion_len=N, pack_len=PACK_LEN, chunk_sizes=chunk_sizes,
-                      share_prompts=share, mask_truncated=True)
-    batch = make_batch(ro, spec)
+    the batch, the learner)."""
+    learner, p, o = _steps(settings, opt, params, mesh_shape=mesh_shape,
+                           chunk_sizes=chunk_sizes, iterations=iterations)
+    batch = make_batch(ro, _layout(chunk_sizes, share), mask_truncated=True)
     state, m = learner.update(RunState(p, o, ref_params=ref, step=3), batch)
     assert state.step == (3 if m["finite"] < 1 else 4)  # the update is step's only writer
-    return state.params, m, batch, st
+    return state.params, m, batch, learner
 
 
 def _reference(ro, settings, params, ref=None):
@@ -143,18 +146,16 @@ def test_no_compile_after_warm_up_for_any_g_or_length():
     completions (different chunk counts) compile nothing."""
     settings = LossSettings(beta=0.04, top_entropy_quantile=0.5, max_tokens=N)
     params = _model()[1]
-    steps, p, o = _steps(settings, optax.sgd(0.1), params, chunk_sizes=(4, 1))
-    learner = Learner(steps, beta=0.04, num_iterations=2)
+    learner, p, o = _steps(settings, optax.sgd(0.1), params, chunk_sizes=(4, 1), iterations=2)
     state = RunState(p, o, ref_params=jax.tree.map(lambda x: x + 0.01, p))
-    learner.warm_up(state)
-    spec = LayoutSpec(seqs=S, completion_len=N, pack_len=PACK_LEN, chunk_sizes=(4, 1))
+    learner.warm_up(state.params, state.opt_state)
     chunks = set()
     c0 = compile_count()
     for i, g in enumerate((4, 2, 1, 4)):
         ro = _ro(20 + i, g=g, drop=())
         if i == 3:
             ro.lengths[:] = 1  # one token each: few rows
-        batch = make_batch(ro, spec)
+        batch = make_batch(ro, _layout((4, 1)))
         chunks.add(batch.sizes)
         state, m = learner.update(state, batch)
         assert m["finite"] == 1.0

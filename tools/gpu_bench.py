@@ -8,7 +8,7 @@ Parts:
   env     the device, jax / package versions, the chip's peaks, and an import of every
           `sagc_jax` module; exits 2 (one line) on a device whose peaks it does not know unless
           both --peak-tflops and --peak-hbm-gbs are given. Runs first: a refusal costs seconds.
-  train   the GRPO train step (`train.steps.CompiledSteps` over the packed layout, what every
+  train   the GRPO train step (`train.learner.Learner` over the packed layout, what every
           real config trains on) at the Qwen2.5-0.5B shape of
           configs/qwen2.5-0.5b_gsm8k_gpu.yaml (random weights, bf16 compute, f32 params + AdamW,
           remat as the config): tokens/s and MFU (`gpu_steps.py`); then the same batch in

@@ -1,6 +1,6 @@
 """The device parts of `tools/gpu_bench.py`: the packed train step and prefix-sharing decode.
 
-Both build the project's own objects (`CompiledSteps`, `Sampler`) from
+Both build the project's own objects (`Learner`, `Sampler`) from
 configs/qwen2.5-0.5b_gsm8k_gpu.yaml (its `model.preset` architecture, dtype, remat, buckets,
 micro-batch / pack chunk rows, loss and optimizer), with random weights: the cost of a step does
 not depend on their values. `--cpu-smoke` shrinks the model and the batch, nothing else.
@@ -40,12 +40,12 @@ from sagc_jax.models import ModelConfig, Transformer
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer
 from sagc_jax.parallel import make_mesh
-from sagc_jax.rl.batch import LayoutSpec, make_batch
+from sagc_jax.rl.batch import make_batch
+from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.sampling import Sampler, SamplingConfig
 from sagc_jax.shapes import ShapePlan
-from sagc_jax.train.learner import loss_settings
+from sagc_jax.train.learner import Learner
 from sagc_jax.train.state import init_opt_state
-from sagc_jax.train.steps import CompiledSteps
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_CONFIG = ROOT / "configs" / "qwen2.5-0.5b_gsm8k_gpu.yaml"
@@ -180,16 +180,15 @@ def train_point(smoke: bool, dev: dict[str, Any], extra: tuple[str, ...] = (),
     params = jax.device_put(params, shard)
     opt = make_optimizer(cfg.optim, cfg.run.steps)
     opt_state, opt_shard = init_opt_state(opt, params, mesh)
-    steps = CompiledSteps.from_layout(graphdef, opt, loss_settings(cfg), mesh, shard, opt_shard,
-                                      plan.train_layout)
+    steps = Learner(graphdef, opt, LossSettings.from_config(cfg), mesh, shard, opt_shard,
+                    plan.train_layout)
     g = max(plan.group_sizes)
     lp, n = plan.prompt_buckets[0], plan.max_new_tokens
     ro = synth_batch(np.random.default_rng(0), prompts=plan.prompts_per_g[g], group=g,
                      prompt_len=lp, max_new=n, vocab=mcfg.vocab_size,
                      median=8 if smoke else 200)
     t0 = time.perf_counter()
-    pp = make_batch(ro, LayoutSpec(seqs=steps.seqs, completion_len=steps.completion_len,
-                                   pack_len=steps.pack_len, chunk_sizes=steps.chunk_sizes))
+    pp = make_batch(ro, steps.layout)
     chunks = pp.chunks
     dev_chunks, dev_seqs = steps.to_device(pp)
     jax.block_until_ready(dev_seqs)
@@ -197,8 +196,8 @@ def train_point(smoke: bool, dev: dict[str, Any], extra: tuple[str, ...] = (),
     state = {"params": params, "opt": opt_state}
 
     def update() -> dict[str, Any]:
-        state["params"], state["opt"], m = steps.update(state["params"], state["opt"],
-                                                        dev_chunks, dev_seqs)
+        state["params"], state["opt"], m = steps.step(state["params"], state["opt"],
+                                                      dev_chunks, dev_seqs)
         return jax.device_get(m)  # waits for the whole update
 
     t0 = time.perf_counter()

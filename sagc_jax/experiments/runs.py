@@ -104,7 +104,7 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
     from sagc_jax.evaluate import evaluate, load_eval_examples
     from sagc_jax.experiments.budget import checkpoint_at_or_before
     from sagc_jax.open_run import load_policy, resolve_checkpoint
-    from sagc_jax.rewards import build_reward_fns, with_timeout
+    from sagc_jax.rewards import build_reward_fns
 
     ckpt: Path = run_dir
     if at_step == 0:
@@ -132,8 +132,8 @@ def eval_run(run_dir: Path, *, num_samples: int, limit: int | None,
     assert cfg is not None
     examples, _ = load_eval_examples(None, cfg, limit=limit)
     s = cfg.sampling
-    res = evaluate(model, tok, examples, reward_fns=with_timeout(
-                       build_reward_fns(cfg.rewards), cfg.reward_timeout_s),
+    res = evaluate(model, tok, examples, reward_fns=build_reward_fns(cfg.rewards,
+                                                               cfg.reward_timeout_s),
                    num_samples=num_samples, max_new_tokens=s.max_new_tokens,
                    temperature=s.temperature, batch_prompts=batch_prompts, seed=cfg.run.seed,
                    chat_template=cfg.data.chat_template, prompt_buckets=s.prompt_buckets,

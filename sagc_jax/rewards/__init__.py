@@ -10,19 +10,8 @@ from sagc_jax.rewards.registry import (
     RewardNameError,
     build_reward_fns,
     resolve_reward,
-    with_timeout,
 )
 from sagc_jax.rewards.runner import RewardError, RewardResult, compute_rewards, score_groups
 
-__all__ = [
-    "BUILTIN_REWARDS",
-    "RewardError",
-    "RewardFn",
-    "RewardNameError",
-    "RewardResult",
-    "build_reward_fns",
-    "compute_rewards",
-    "resolve_reward",
-    "score_groups",
-    "with_timeout",
-]
+__all__ = ["BUILTIN_REWARDS", "RewardError", "RewardFn", "RewardNameError", "RewardResult",
+           "build_reward_fns", "compute_rewards", "resolve_reward", "score_groups"]

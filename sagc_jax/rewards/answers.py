@@ -7,18 +7,9 @@ format check. Built-ins of :data:`sagc_jax.rewards.registry.BUILTIN_REWARDS` (``
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
-
-__all__ = [
-    "exact_answer_reward",
-    "extract_final_answer",
-    "extract_gsm8k_answer",
-    "format_reward",
-    "gsm8k_reward",
-    "normalize_number",
-]
 
 _NUM = r"-?\$?\s*-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
 _HASH_RE = re.compile(r"####\s*(" + _NUM + r")")
@@ -89,50 +80,35 @@ def extract_gsm8k_answer(text: str) -> str | None:
     return normalize_number(nums[-1]) if nums else None
 
 
-def _require_answers(name: str, n: int, answer: Sequence[Any] | None) -> Sequence[Any]:
+def _answers_match(name: str, completions: Sequence[str], answer: Sequence[Any] | None,
+                   parse_completion: Callable[[str], str | None],
+                   parse_answer: Callable[[str], str | None]) -> list[float]:
+    """1.0 per completion whose parsed answer equals the parsed `answer` (both found), else 0.0."""
     if answer is None:
         raise ValueError(f"reward {name!r} needs an 'answer' column")
-    if len(answer) != n:
-        raise ValueError(f"reward {name!r}: {len(answer)} answers for {n} completions")
-    return answer
+    if len(answer) != len(completions):
+        raise ValueError(f"reward {name!r}: {len(answer)} answers for {len(completions)} "
+                         "completions")
+    return [1.0 if (ref := parse_answer(str(a))) is not None and parse_completion(c) == ref
+            else 0.0 for c, a in zip(completions, answer)]
 
 
 # ----------------------------------------------------------------------------- built-ins
-
-
-def exact_answer_reward(
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    answer: Sequence[Any] | None = None,
-    **_: Any,
-) -> list[float]:
+def exact_answer_reward(prompts: Sequence[str], completions: Sequence[str],
+                        answer: Sequence[Any] | None = None, **_: Any) -> list[float]:
     """1.0 if the completion's ``#### N`` answer equals ``answer`` (numerically), else 0.0."""
-    answers = _require_answers("exact_answer", len(completions), answer)
-    out = []
-    for c, a in zip(completions, answers):
-        got = extract_final_answer(c)
-        ref = normalize_number(str(a))
-        out.append(1.0 if got is not None and got == ref else 0.0)
-    return out
+    return _answers_match("exact_answer", completions, answer, extract_final_answer,
+                          normalize_number)
 
 
-def gsm8k_reward(
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    answer: Sequence[Any] | None = None,
-    **_: Any,
-) -> list[float]:
+def gsm8k_reward(prompts: Sequence[str], completions: Sequence[str],
+                 answer: Sequence[Any] | None = None, **_: Any) -> list[float]:
     """1.0 if the GSM8K-style final answers of completion and reference agree, else 0.0.
 
     The reference may be a bare number or a full GSM8K solution ending in ``#### 42``.
     """
-    answers = _require_answers("gsm8k", len(completions), answer)
-    out = []
-    for c, a in zip(completions, answers):
-        ref = extract_gsm8k_answer(str(a))
-        got = extract_gsm8k_answer(c)
-        out.append(1.0 if ref is not None and got == ref else 0.0)
-    return out
+    return _answers_match("gsm8k", completions, answer, extract_gsm8k_answer,
+                          extract_gsm8k_answer)
 
 
 def format_reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:

@@ -27,18 +27,6 @@ from sagc_jax.rewards.verifiers import (
     reasoning_gym_strict_reward,
 )
 
-__all__ = [
-    "BUILTIN_REWARDS",
-    "RewardCallable",
-    "RewardFn",
-    "RewardNameError",
-    "build_reward_fns",
-    "check_unique",
-    "resolve_named",
-    "resolve_reward",
-    "with_timeout",
-]
-
 RewardCallable = Callable[..., Sequence[Any]]
 
 
@@ -83,11 +71,8 @@ def resolve_named(name: str, builtins: Mapping[str, Any], *, kind: str,
                   error: type[ValueError], form: str = "package.module:function") -> Any:
     """A callable from a built-in name (a key of `builtins`) or ``"package.module:attr"``: the
     one name lookup of the config's plug-ins (rewards here, environments in `sagc_jax.envs`).
-
-    `kind` names the plug-in in messages ("reward", "env"), `form` its spelled-out name;
-    `error` is raised, with one line
-    naming what was asked for: an unknown built-in (listing them), an unimportable module, a
-    missing or non-callable attribute.
+    Raises `error`, one line naming the `kind` ("reward", "env") and what was asked for: an
+    unknown built-in (listing them), an unimportable module, a missing or non-callable attribute.
     """
     if not isinstance(name, str) or not name:
         raise error(f"{kind} name must be a non-empty string, got {name!r}")
@@ -150,45 +135,32 @@ class RewardFn:
         return cls(name, resolve_reward(name), float(weight))
 
 
-def build_reward_fns(spec: Any) -> list[RewardFn]:
-    """Reward bundle from a config value.
+def build_reward_fns(spec: Any, timeout_s: float | None = None) -> list[RewardFn]:
+    """Reward bundle from a config value, each function called within `timeout_s` seconds
+    (None: no timeout; config ``reward_timeout_s``).
 
-    Accepts a name (``"exact_answer"``), a list of names, a mapping ``{name: weight}``, or a list
-    of mappings ``{"name": ..., "weight": ...}``, objects with ``.name``/``.weight`` (the config's
-    ``RewardSpec``) or ``RewardFn`` objects.
+    Accepts a name (``"exact_answer"``), a mapping ``{name: weight}``, or a list of names,
+    mappings ``{"name": ..., "weight": ...}`` or objects with ``.name``/``.weight`` (the
+    config's ``RewardSpec``).
     """
-    if isinstance(spec, str):
-        items: list[tuple[str, float]] = [(spec, 1.0)]
-    elif isinstance(spec, Mapping):
-        items = [(str(k), float(v)) for k, v in spec.items()]
-    else:
-        items = []
-        out_fns: list[RewardFn] = []
-        for entry in spec:
-            if isinstance(entry, RewardFn):
-                out_fns.append(entry)
-            elif isinstance(entry, str):
-                items.append((entry, 1.0))
-            elif isinstance(entry, Mapping) and "name" in entry:
-                items.append((str(entry["name"]), float(entry.get("weight", 1.0))))
-            elif hasattr(entry, "name") and not callable(entry):  # e.g. config.RewardSpec
-                items.append((str(entry.name), float(getattr(entry, "weight", 1.0))))
-            else:
-                raise ValueError(f"bad reward entry {entry!r}: expected name or {{name, weight}}")
-        if out_fns:
-            fns = out_fns + [RewardFn.from_name(n, w) for n, w in items]
-            check_unique(fns)
-            return fns
-    fns = [RewardFn.from_name(n, w) for n, w in items]
+    if isinstance(spec, str | Mapping):
+        spec = [spec] if isinstance(spec, str) else [{"name": k, "weight": v}
+                                                     for k, v in spec.items()]
+    items: list[tuple[str, Any]] = []
+    for e in spec:
+        if isinstance(e, str):
+            items.append((e, 1.0))
+        elif isinstance(e, Mapping) and "name" in e:
+            items.append((str(e["name"]), e.get("weight", 1.0)))
+        elif hasattr(e, "name") and not callable(e):  # e.g. config.RewardSpec
+            items.append((str(e.name), getattr(e, "weight", 1.0)))
+        else:
+            raise ValueError(f"bad reward entry {e!r}: expected name or {{name, weight}}")
+    fns = [RewardFn(n, resolve_reward(n), float(w), timeout_s) for n, w in items]
     if not fns:
         raise ValueError("no reward functions configured")
     check_unique(fns)
     return fns
-
-
-def with_timeout(fns: Sequence[RewardFn], timeout_s: float | None) -> list[RewardFn]:
-    """The bundle with every function's per-call `timeout_s` set (None: no timeout)."""
-    return [dataclasses.replace(f, timeout_s=timeout_s) for f in fns]
 
 
 def check_unique(fns: Sequence[RewardFn]) -> None:

@@ -9,7 +9,7 @@ exception, the wrong number of values, a non-finite or non-numeric value) into a
 function scores ``None`` is marked unscored (:attr:`RewardResult.scored`), so the learner leaves
 it out of its group's statistics and the loss.
 
-A function with a ``timeout_s`` (config ``reward_timeout_s``, `registry.with_timeout`) is called
+A function with a ``timeout_s`` (config ``reward_timeout_s``, `registry.build_reward_fns`) is called
 in a worker thread and waited for at most that long per call; a call that does not return in
 time is a failure like an exception (retried one example at a time to name the example). A
 Python thread cannot be stopped: the stuck call is abandoned and keeps running in a daemon thread
@@ -29,22 +29,11 @@ import numpy as np
 
 from sagc_jax.rewards.registry import RewardFn, check_unique
 
-__all__ = [
-    "NOT_COLUMNS",
-    "RewardError",
-    "RewardResult",
-    "RewardTimeout",
-    "call_with_timeout",
-    "compute_rewards",
-    "score_groups",
-]
-
 logger = logging.getLogger(__name__)
 
 
 class RewardError(RuntimeError):
     """A reward function raised or returned something unusable."""
-
 
 
 @dataclasses.dataclass
@@ -64,21 +53,6 @@ class RewardResult:
     num_errors: int = 0
     messages: list[str] = dataclasses.field(default_factory=list)
     scored: np.ndarray | None = None
-
-    def masked_total(self) -> np.ndarray:
-        """``total`` with NaN on unscored rows: the learner's convention for "no reward"."""
-        if self.scored is None:
-            return self.total
-        return np.where(self.scored, self.total, np.float32(np.nan)).astype(np.float32)
-
-
-def _to_float(v: Any) -> float:
-    """float(v); None → 0.0; raises TypeError/ValueError on non-numbers."""
-    if v is None:
-        return 0.0
-    if isinstance(v, str | bytes):
-        raise TypeError(f"non-numeric value {v!r}")
-    return float(v)
 
 
 class RewardTimeout(Exception):
@@ -136,7 +110,9 @@ def _check_values(rf: RewardFn, out: Any, n: int) -> tuple[np.ndarray, list[tupl
     bad: list[tuple[int, str]] = []
     for i, v in enumerate(out):
         try:
-            f = _to_float(v)
+            if isinstance(v, str | bytes):
+                raise TypeError
+            f = 0.0 if v is None else float(v)  # None: not applicable, counts 0.0
         except (TypeError, ValueError):
             bad.append((i, f"non-numeric value {v!r}"))
             continue
@@ -147,10 +123,9 @@ def _check_values(rf: RewardFn, out: Any, n: int) -> tuple[np.ndarray, list[tupl
     return vals, bad
 
 
-def _per_example(
-    rf: RewardFn, prompts: list[str], completions: list[str], columns: dict,
-    stop_at_timeout: bool = False,
-) -> tuple[np.ndarray, list[tuple[int, str]], np.ndarray]:
+def _per_example(rf: RewardFn, prompts: list[str], completions: list[str], columns: dict,
+                 stop_at_timeout: bool = False
+                 ) -> tuple[np.ndarray, list[tuple[int, str]], np.ndarray]:
     """Call ``rf`` one example at a time; returns values, per-index problems, None flags
     (`stop_at_timeout`: stop at the first call that times out)."""
     n = len(completions)
@@ -182,13 +157,9 @@ def _per_example(
     return vals, bad, nones
 
 
-def compute_rewards(
-    reward_fns: Sequence[RewardFn],
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    columns: Mapping[str, Sequence[Any]] | None = None,
-    on_error: str = "raise",
-) -> RewardResult:
+def compute_rewards(reward_fns: Sequence[RewardFn], prompts: Sequence[str],
+                    completions: Sequence[str], columns: Mapping[str, Sequence[Any]] | None = None,
+                    on_error: str = "raise") -> RewardResult:
     """Evaluate every reward function on a batch and combine them with their weights.
 
     Args:
@@ -247,12 +218,8 @@ def compute_rewards(
             else:
                 what = (f"timed out ({exc})" if isinstance(exc, RewardTimeout)
                         else f"raised {type(exc).__name__}: {exc}")
-                fail(
-                    f"reward {rf.name!r} failed on the batch of {n} (no single example "
-                    f"reproduces it): {what}",
-                    n,
-                    exc,
-                )
+                fail(f"reward {rf.name!r} failed on the batch of {n} (no single example "
+                     f"reproduces it): {what}", n, exc)
                 vals = np.zeros(n, dtype=np.float32)
         else:
             try:
@@ -265,10 +232,8 @@ def compute_rewards(
                 if bad:
                     i, problem = bad[0]
                     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-                    fail(
-                        f"reward {rf.name!r} returned a bad value for example {i}: {problem}{more}",
-                        len(bad),
-                    )
+                    fail(f"reward {rf.name!r} returned a bad value for example {i}: "
+                         f"{problem}{more}", len(bad))
         per_fn[rf.name] = vals
         total += np.float32(rf.weight) * vals
         scored |= ~nones

@@ -22,43 +22,24 @@ import numpy as np
 
 from sagc_jax.hosts import Hosts
 from sagc_jax.rl.packing import pack_chunks, plan_packing, split_chunks
+from sagc_jax.shapes import TrainLayout
 
-# Per-sequence arrays [S, ...] (name -> rank). `chunk`, `row`, `hstart`: where the sequence sits
-# (`rl.packing`); `ref_logprobs` / `entropy` are zeros here, filled on device by the reference
-# pass (`algo.beta > 0`) and the entropy pass (`top_entropy_quantile < 1`: the threshold is a
-# full-batch quantile, so it must be known before any chunk's gradient).
+# Per-sequence arrays [S, ...] (name -> rank, dtype). `chunk`, `row`, `hstart`: where the
+# sequence sits (`rl.packing`); `ref_logprobs` / `entropy` are zeros here, filled on device by the
+# reference pass (`algo.beta > 0`) and the entropy pass (`top_entropy_quantile < 1`: the
+# threshold is a full-batch quantile, so it must be known before any chunk's gradient).
 # `loss_mask`: False on completion tokens the loss never scores (an environment's replies in a
 # multi-turn episode); they stay in the sequence as context.
+_F, _I, _B = np.float32, np.int32, np.bool_
 SEQ_FIELDS = {
-    "lengths": 1, "loss_rows": 1, "old_logprobs": 2, "ref_logprobs": 2, "rewards": 1,
-    "group_ids": 1, "valid": 1, "chunk": 1, "row": 1, "hstart": 1, "entropy": 2,
-    "loss_mask": 2,
+    "lengths": (1, _I), "loss_rows": (1, _B), "old_logprobs": (2, _F), "ref_logprobs": (2, _F),
+    "rewards": (1, _F), "group_ids": (1, _I), "valid": (1, _B), "chunk": (1, _I), "row": (1, _I),
+    "hstart": (1, _I), "entropy": (2, _F), "loss_mask": (2, _B),
 }
-SEQ_FLOAT = ("old_logprobs", "ref_logprobs", "rewards", "entropy")
-SEQ_BOOL = ("loss_rows", "valid", "loss_mask")
 # Packed arrays of one chunk, int32 [chunk rows, pack_len]; `head_slots` / `head_targets`:
 # [chunk rows, N], each row's scored slots and the tokens they score (`rl.packing`).
 CHUNK_FIELDS = ("tokens", "positions", "segment_ids", "branch_ids", "head_slots", "head_targets")
 HEAD_FIELDS = ("head_slots", "head_targets")
-
-
-@dataclasses.dataclass(frozen=True)
-class LayoutSpec:
-    """The layout's static sizes (from the `ShapePlan`) and its two choices.
-
-    seqs: S, global sequences of the largest batch; completion_len: N (also a row's cap on
-    scored slots); pack_len: slots per row; chunk_sizes: the declared global chunk rows;
-    share_prompts: pack several sequences a row, a group's prompt once (else one per row);
-    mask_truncated: truncated completions out of the loss (DAPO).
-    """
-
-    seqs: int
-    completion_len: int
-    pack_len: int
-    chunk_sizes: tuple[int, ...]
-    share_prompts: bool = True
-    pad_id: int = 0
-    mask_truncated: bool = False
 
 
 @dataclasses.dataclass
@@ -81,11 +62,12 @@ class TrainBatch:
         return self.real_tokens / self.computed_tokens if self.computed_tokens else 1.0
 
 
-def make_batch(ro: Any, spec: LayoutSpec, hosts: Hosts | None = None) -> TrainBatch:
-    """The train batch of rollout `ro` (a `rollout.Rollout`, this process's rows).
+def make_batch(ro: Any, layout: TrainLayout, hosts: Hosts | None = None, *, pad_id: int = 0,
+               mask_truncated: bool = False) -> TrainBatch:
+    """The train batch of rollout `ro` (a `rollout.Rollout`, this process's rows) in `layout`.
 
-    Loss rows: valid (kept groups), scored by some reward function and, with `mask_truncated`,
-    not truncated; only those are placed. A multi-turn rollout's `env_mask` becomes the
+    Loss rows: valid (kept groups), scored by some reward function and, with `mask_truncated`
+    (DAPO), not truncated; only those are placed. A multi-turn rollout's `env_mask` becomes the
     per-token `loss_mask` (its environment tokens are placed but never scored). A row every
     reward function scored None carries a NaN reward, which the step reads as "out of the
     advantages' statistics". Group ids are global (this process's rows start at
@@ -94,44 +76,32 @@ def make_batch(ro: Any, spec: LayoutSpec, hosts: Hosts | None = None) -> TrainBa
     """
     hosts = hosts or Hosts()
     g, rows = ro.group_size, len(ro.lengths)
-    local = spec.seqs // hosts.count
+    local = layout.seqs // hosts.count
     if rows > local:
         raise ValueError(f"make_batch: {rows} rows exceed the declared {local} sequences")
-    n = spec.completion_len
+    n = layout.completion_len
     prompts = [np.asarray(ro.examples[r // g]["prompt_ids"], np.int32) for r in range(rows)]
     lengths = np.asarray(ro.lengths, np.int32)
     scored = getattr(ro, "scored", None)
     rewards = ro.rewards if scored is None else np.where(scored, ro.rewards, np.float32(np.nan))
-    loss_rows = np.asarray(ro.valid, bool).copy()
-    if spec.mask_truncated:
-        loss_rows &= ~np.asarray(ro.truncated, bool)
+    loss_rows = np.asarray(ro.valid, bool) & ~(mask_truncated & np.asarray(ro.truncated, bool))
     plan = plan_packing(np.array([len(q) for q in prompts]), lengths, loss_rows,
-                        pack_len=spec.pack_len, loss_cap=n,
+                        pack_len=layout.pack_len, loss_cap=n,
                         prompt_ids=np.arange(rows) // g,  # the rollout's groups: no hashing
-                        one_per_row=not spec.share_prompts)
+                        one_per_row=not layout.share_prompts)
     used = plan.rows if hosts.single else hosts.max_int(plan.rows)
-    split = split_chunks(plan, used, spec.chunk_sizes, processes=hosts.count, index=hosts.index)
-    chunks = pack_chunks(plan, split, prompts, ro.tokens, lengths, spec.pad_id,
+    split = split_chunks(plan, used, layout.chunk_sizes, processes=hosts.count,
                          index=hosts.index)
-
-    def padded(x: np.ndarray, dtype: Any) -> np.ndarray:
-        out = np.zeros((local, *x.shape[1:]), dtype)
-        out[:rows] = x
-        return out
-
-    seqs = {"lengths": padded(lengths, np.int32), "loss_rows": padded(loss_rows, bool),
-            "rewards": padded(np.asarray(rewards, np.float32), np.float32),
-            "group_ids": padded((ro.row_offset + np.arange(rows)) // g, np.int32),
-            "valid": padded(np.asarray(ro.valid, bool), bool),
-            "old_logprobs": padded(np.asarray(ro.logprobs[:, :n], np.float32), np.float32),
-            "ref_logprobs": np.zeros((local, n), np.float32),
-            "entropy": np.zeros((local, n), np.float32),
-            "chunk": np.full(local, -1, np.int32), "row": padded(split.row, np.int32),
-            "hstart": padded(plan.hstart, np.int32)}
-    seqs["chunk"][:rows] = split.chunk
-    seqs["loss_mask"] = np.ones((local, n), bool)
-    env = getattr(ro, "env_mask", None)
-    if env is not None:  # environment tokens: packed as context, masked out of the loss
-        seqs["loss_mask"][:rows] = ~np.asarray(env, bool)[:, :n]
+    chunks = pack_chunks(plan, split, prompts, ro.tokens, lengths, pad_id, index=hosts.index)
+    env = getattr(ro, "env_mask", None)  # environment tokens: context, out of the loss
+    rows_of = {"lengths": lengths, "loss_rows": loss_rows, "rewards": rewards,
+               "group_ids": (ro.row_offset + np.arange(rows)) // g, "valid": ro.valid,
+               "old_logprobs": ro.logprobs[:, :n], "chunk": split.chunk, "row": split.row,
+               "hstart": plan.hstart,
+               "loss_mask": True if env is None else ~np.asarray(env, bool)[:, :n]}
+    seqs = {}
+    for k, (nd, dtype) in SEQ_FIELDS.items():  # padding rows: chunk -1, loss_mask True, else 0
+        seqs[k] = np.full((local, n)[:nd], -1 if k == "chunk" else k == "loss_mask", dtype)
+        seqs[k][:rows] = rows_of.get(k, 0)
     return TrainBatch(chunks, seqs, split.sizes, plan.real_tokens,
-                      split.computed_tokens(spec.pack_len))
+                      sum(split.local) * layout.pack_len)

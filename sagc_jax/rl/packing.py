@@ -86,10 +86,6 @@ class ChunkSplit:
     chunk: np.ndarray
     row: np.ndarray
 
-    def computed_tokens(self, pack_len: int) -> int:
-        """Slots this process's forward computes: Σ local chunk rows × pack_len."""
-        return sum(self.local) * pack_len
-
 
 @dataclasses.dataclass
 class _Row:
@@ -163,15 +159,6 @@ def split_rows(rows: int, chunk_sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _one_per_row(count: int) -> tuple[dict[str, np.ndarray], int]:
-    """`first_fit_shared`'s result when each sequence has a row of its own (the padded case):
-    prompt at slot 0, completion right after it, row i for the i-th sequence."""
-    out = {k: np.zeros(count, np.int32) for k in ("col", "pcol", "hstart")}
-    out.update(row=np.arange(count, dtype=np.int32), segment=np.ones(count, np.int32),
-               branch=np.ones(count, np.int32))
-    return out, count
-
-
 def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarray, *,
                  pack_len: int, loss_cap: int | None = None,
                  prompt_ids: np.ndarray | None = None, one_per_row: bool = False) -> PackPlan:
@@ -198,9 +185,10 @@ def plan_packing(prompt_lens: np.ndarray, lengths: np.ndarray, include: np.ndarr
     ids = np.arange(S) if prompt_ids is None else np.asarray(prompt_ids)
     idx = np.flatnonzero(packed)
     cap = pack_len if loss_cap is None else int(loss_cap)
-    if one_per_row:
-        where, rows = _one_per_row(len(idx))
-        where["col"] = p[idx].astype(np.int32)
+    if one_per_row:  # row i for the i-th sequence: its prompt at slot 0, its completion after
+        rows, zeros, ones = len(idx), np.zeros(len(idx), np.int32), np.ones(len(idx), np.int32)
+        where = {"row": np.arange(rows, dtype=np.int32), "col": p[idx].astype(np.int32),
+                 "pcol": zeros, "segment": ones, "branch": ones, "hstart": zeros}
     else:
         where, rows = first_fit_shared(ids[idx], p[idx], ls[idx] - 1, ls[idx], pack_len, cap)
     per_seq = {k: np.zeros(S, np.int32) for k in where}

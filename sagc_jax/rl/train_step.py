@@ -10,7 +10,7 @@ changes the loss. Advantages are computed inside the step (per group, from the r
 nothing on the host needs a compile when G changes.
 
 Compiled shapes: one grad step and one log-prob step per chunk size, one apply step — none
-depends on G, the prompt bucket or the completion lengths. `train.steps.CompiledSteps` jits them
+depends on G, the prompt bucket or the completion lengths. `train.learner.Learner` compiles them
 over the mesh and runs the host loop.
 """
 
@@ -68,11 +68,17 @@ class LossSettings:
     temperature: float = 1.0
     max_tokens: int = 128  # Dr. GRPO's constant normaliser (max_new_tokens)
 
-    def advantages(self, rewards: jax.Array, group_ids: jax.Array, valid: jax.Array,
-                   num_groups: int) -> jax.Array:
-        """`f32[S]` group advantages under these settings."""
-        return group_advantages(rewards, group_ids, valid, num_groups=num_groups,
-                                scale=self.scale_rewards, eps=self.adv_eps, ddof=self.std_ddof)
+    @classmethod
+    def from_config(cls, cfg: Any) -> LossSettings:
+        """The loss settings of a Config (`algo.*`, sampling temperature and length)."""
+        a, s = cfg.algo, cfg.sampling
+        return cls(epsilon=a.epsilon, epsilon_high=a.epsilon_high, clip_delta=a.clip_delta,
+                   importance_sampling=a.importance_sampling, loss_agg=a.loss_agg, beta=a.beta,
+                   kl_estimator=a.kl_estimator, kl_bias_correction=a.kl_bias_correction,
+                   scale_rewards=a.scale_rewards, std_ddof=a.std_ddof, adv_eps=a.adv_eps,
+                   top_entropy_quantile=a.top_entropy_quantile,
+                   off_policy_threshold=a.off_policy_mask_threshold,
+                   temperature=s.temperature, max_tokens=s.max_new_tokens)
 
     def loss(self, logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array,
              mask: jax.Array, *, ref_logprobs: jax.Array, entropy: jax.Array,
@@ -87,38 +93,6 @@ class LossSettings:
             entropy=entropy, entropy_min=entropy_min,
             off_policy_threshold=self.off_policy_threshold, norms=norms,
             max_tokens=self.max_tokens)
-
-
-def completion_mask(lengths: jax.Array, loss_rows: jax.Array, n: int) -> jax.Array:
-    """`bool[S, n]`: completion tokens of loss rows (t < length)."""
-    return (jnp.arange(n)[None, :] < lengths[:, None]) & loss_rows[:, None]
-
-
-def apply_update(optimizer: optax.GradientTransformation, train: Any, frozen: Any,
-                 opt_state: Any, grads: Any, loss: jax.Array, metrics: dict[str, jax.Array],
-                 adv: jax.Array, scored: jax.Array, norms: Any, rewards: jax.Array,
-                 group_ids: jax.Array, valid: jax.Array, *, num_groups: int,
-                 ddof: int) -> tuple[Any, Any, dict[str, jax.Array]]:
-    """One optimizer update from the full-batch gradient accumulated over the chunks.
-
-    A non-finite loss or gradient norm keeps the old params and optimizer state and reports
-    `finite = 0`. Adds the batch metrics (grad norm, |advantage| over scored rows [S], the
-    zero-std group fraction, loss tokens) to the summed loss `metrics`. Only
-    `lora.split_trainable(params)[0]` (`train`) is updated: the adapters when the model has them.
-    """
-    grad_norm = optax.tree.norm(grads)
-    updates, new_opt = optimizer.update(grads, opt_state, train)
-    new_train = optax.apply_updates(train, updates)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-    w = scored.astype(jnp.float32)
-    metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
-               "finite": finite.astype(jnp.float32),
-               "adv_abs_mean": (jnp.abs(adv) * w).sum() / jnp.maximum(w.sum(), 1.0),
-               "frac_reward_zero_std": frac_reward_zero_std(
-                   rewards, group_ids, valid, num_groups=num_groups, ddof=ddof),
-               "loss_tokens": norms.tokens}
-    return nnx.merge_state(keep(new_train, train), frozen), keep(new_opt, opt_state), metrics
 
 
 def unpack(values: jax.Array, row: jax.Array, start: jax.Array, n: int) -> jax.Array:
@@ -141,22 +115,19 @@ def layout_logprobs(graphdef: nnx.GraphDef, params: Any, chunk: dict[str, jax.Ar
                                       entropy=entropy)
 
 
-def _scored_mask_and_norms(seqs: dict[str, jax.Array]
-                           ) -> tuple[jax.Array, jax.Array, LossNorms]:
-    """(scored rows [S], full-batch loss mask [S, N], its normalisers): rows with a NaN reward
-    (unscored) are out of the loss and of the Dr. GRPO row count; tokens off `loss_mask` (an
-    environment's, in multi-turn episodes) are out of the loss and of its token counts."""
-    n = seqs["old_logprobs"].shape[1]
+def _batch_terms(seqs: dict[str, jax.Array], s: LossSettings, num_groups: int
+                 ) -> tuple[jax.Array, jax.Array, jax.Array, LossNorms]:
+    """(advantages [S], scored rows [S], full-batch loss mask [S, N], its normalisers): rows
+    with a NaN reward (unscored) are out of the loss and of the Dr. GRPO row count; tokens off
+    `loss_mask` (an environment's, in multi-turn episodes) are out of the loss and its counts."""
+    adv = group_advantages(seqs["rewards"], seqs["group_ids"], seqs["valid"],
+                           num_groups=num_groups, scale=s.scale_rewards, eps=s.adv_eps,
+                           ddof=s.std_ddof)
     scored = scored_rows(seqs["rewards"], seqs["valid"])
-    rows = seqs["loss_rows"] & scored
-    mask = completion_mask(seqs["lengths"], rows, n)
-    if "loss_mask" in seqs:
-        mask = mask & seqs["loss_mask"]
-    return scored, mask, loss_norms(mask, scored.sum())
-
-
-def _advantages(seqs: dict[str, jax.Array], settings: LossSettings, num_groups: int) -> jax.Array:
-    return settings.advantages(seqs["rewards"], seqs["group_ids"], seqs["valid"], num_groups)
+    n = seqs["old_logprobs"].shape[1]
+    mask = ((jnp.arange(n)[None, :] < seqs["lengths"][:, None])
+            & (seqs["loss_rows"] & scored)[:, None] & seqs["loss_mask"])
+    return adv, scored, mask, loss_norms(mask, scored.sum())
 
 
 def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
@@ -165,21 +136,18 @@ def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
     and summed metrics to `acc = (grads, sums)` (not jitted; `num_groups` is static). Grads are
     of `lora.trainable(params)` (the adapters when the model has them)."""
     s = settings
-    mask_entropy = s.top_entropy_quantile < 1.0
 
     def grad_step(params, acc, chunk, seqs, index):
-        adv = _advantages(seqs, s, num_groups)
-        _, full, norms = _scored_mask_and_norms(seqs)
+        adv, _, full, norms = _batch_terms(seqs, s, num_groups)
         mask = full & (seqs["chunk"] == index)[:, None]
         n = mask.shape[1]
         ent_min = (entropy_threshold(seqs["entropy"], full, s.top_entropy_quantile)
-                   if mask_entropy else None)
-
+                   if s.top_entropy_quantile < 1.0 else None)
         train, frozen = split_trainable(params)
 
         def loss_fn(t):
-            p = nnx.merge_state(t, frozen)
-            logp, ent = layout_logprobs(graphdef, p, chunk, s.temperature, entropy=True)
+            logp, ent = layout_logprobs(graphdef, nnx.merge_state(t, frozen), chunk,
+                                        s.temperature, entropy=True)
             logp = unpack(logp, seqs["row"], seqs["hstart"], n)
             ent = unpack(ent, seqs["row"], seqs["hstart"], n)
             return s.loss(logp, seqs["old_logprobs"], adv, mask,
@@ -198,18 +166,32 @@ def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
 def make_apply_step(optimizer: optax.GradientTransformation, settings: LossSettings, *,
                     num_groups: int) -> Callable:
     """`apply(params, opt_state, acc, seqs) -> (params, opt_state, metrics)`: one optimizer
-    update from the accumulated gradient; a non-finite loss or gradient leaves params and
-    optimizer state unchanged and reports `finite = 0`; the host turns that into an error after
-    saving the last good state."""
+    update of `lora.trainable(params)` from the gradient accumulated over the chunks.
+
+    A non-finite loss or gradient norm keeps the old params and optimizer state and reports
+    `finite = 0` (the host turns that into an error after saving the last good state). Adds the
+    batch metrics (grad norm, |advantage| over scored rows, the zero-std group fraction, loss
+    tokens) to the summed loss metrics.
+    """
 
     def apply(params, opt_state, acc, seqs):
         train, frozen = split_trainable(params)
         grads, sums = acc
-        scored, _, norms = _scored_mask_and_norms(seqs)
-        return apply_update(optimizer, train, frozen, opt_state, grads, sums["loss"], sums,
-                            _advantages(seqs, settings, num_groups), scored, norms,
-                            seqs["rewards"], seqs["group_ids"], seqs["valid"],
-                            num_groups=num_groups, ddof=settings.std_ddof)
+        adv, scored, _, norms = _batch_terms(seqs, settings, num_groups)
+        grad_norm = optax.tree.norm(grads)
+        updates, new_opt = optimizer.update(grads, opt_state, train)
+        new_train = optax.apply_updates(train, updates)
+        finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        w = scored.astype(jnp.float32)
+        metrics = {**sums, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32),
+                   "adv_abs_mean": (jnp.abs(adv) * w).sum() / jnp.maximum(w.sum(), 1.0),
+                   "frac_reward_zero_std": frac_reward_zero_std(
+                       seqs["rewards"], seqs["group_ids"], seqs["valid"],
+                       num_groups=num_groups, ddof=settings.std_ddof),
+                   "loss_tokens": norms.tokens}
+        return (nnx.merge_state(keep(new_train, train), frozen), keep(new_opt, opt_state),
+                metrics)
 
     return apply
 

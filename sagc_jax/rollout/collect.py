@@ -219,30 +219,23 @@ def collect(sampler: Sampler, prompts: PromptStream, g: int, rewards: Sequence[R
 def _assemble(kept: list[KeptGroup], g: int, num_prompts: int, st: CollectSettings,
               stats: dict[str, float], first: FirstRound | None, errors: int,
               hosts: Hosts) -> Rollout:
-    """Kept groups -> fixed-shape arrays; missing groups stay invalid padding."""
-    n_max, rows = st.max_new_tokens, num_prompts * g
-    tokens = np.full((rows, n_max), st.pad_id, np.int32)
-    logp = np.zeros((rows, n_max), np.float32)
-    lengths = np.zeros(rows, np.int32)
-    trunc = np.zeros(rows, bool)
-    rew = np.zeros(rows, np.float32)
-    raw_r = np.zeros(rows, np.float32)
-    valid = np.zeros(rows, bool)
-    comps_all = [""] * rows
-    examples = []
-    scored = np.zeros(rows, bool)
-    for i, k in enumerate(kept):
-        sl = slice(i * g, (i + 1) * g)
-        tokens[sl], logp[sl], lengths[sl], trunc[sl] = k.tokens, k.logprobs, k.lengths, k.truncated
-        rew[sl], raw_r[sl], valid[sl], scored[sl] = k.rewards, k.raw_rewards, True, k.scored
-        comps_all[sl] = k.completions
-        examples.append(k.example)
-    # Padding groups reuse the first prompt so the batch keeps its compiled shape.
-    filler = examples[0] if examples else None
-    while len(examples) < num_prompts:
-        examples.append(filler if filler is not None else {"prompt_ids": [st.pad_id]})
-    return Rollout(examples, g, tokens, logp, lengths, trunc, rew, raw_r, valid, comps_all,
-                   stats, first, errors, row_offset=hosts.index * rows, scored=scored)
+    """Kept groups -> fixed-shape arrays; missing groups stay invalid padding rows, their
+    example the first prompt's (so the batch keeps its compiled shape)."""
+    pad = num_prompts - len(kept)
+
+    def rows(field: str, dtype: Any, fill: Any = 0, width: tuple[int, ...] = ()) -> np.ndarray:
+        return np.concatenate([np.asarray(getattr(k, field), dtype) for k in kept]
+                              + [np.full((pad * g, *width), fill, dtype)])
+
+    examples = [k.example for k in kept]
+    examples += [examples[0] if examples else {"prompt_ids": [st.pad_id]}] * pad
+    n = (st.max_new_tokens,)
+    return Rollout(examples, g, rows("tokens", np.int32, st.pad_id, n),
+                   rows("logprobs", np.float32, 0, n), rows("lengths", np.int32),
+                   rows("truncated", bool), rows("rewards", np.float32),
+                   rows("raw_rewards", np.float32), np.arange(num_prompts * g) < len(kept) * g,
+                   [c for k in kept for c in k.completions] + [""] * (pad * g), stats, first,
+                   errors, row_offset=hosts.index * num_prompts * g, scored=rows("scored", bool))
 
 
 def global_view(ro: Rollout, hosts: Hosts) -> tuple[Rollout, int]:

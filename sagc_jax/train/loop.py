@@ -86,27 +86,19 @@ def _recipe(cfg: Config) -> dict[str, Any]:
         "seed": cfg.warm_start_seed, "sft_len": s.prompt_buckets[-1] + s.max_new_tokens}))
 
 
-def _saved_warm_start(run: Run, init: RunState) -> Any | None:
-    """The params of `checkpoints/initial` when a run killed before its first step left one
-    for the same model and recipe (so the SFT is not redone); None otherwise."""
-    if run.ckpt.initial_recipe() != _recipe(run.cfg):
-        return None
-    try:
-        run.ckpt.check_model(run.model_cfg)
-        return run.ckpt.restore_initial(init.params)
-    except Exception as e:  # another model, or damaged: redo it
-        ckpt.warn(f"checkpoints/initial not reused ({ckpt.error_line(e)}); redoing it")
-        return None
-
-
 def _fresh_params(run: Run, init: RunState, check: Callable[[str], None]) -> tuple[Any, str]:
-    """(initial params, how): from a saved warm start, `init.params` or the SFT warm start
-    (then saved as `checkpoints/initial`); `init` is the built state."""
+    """(initial params, how): the params of `checkpoints/initial` when a run killed before its
+    first step left one for the same model and recipe (so the SFT is not redone), else
+    `init.params` or the SFT warm start (then saved as `checkpoints/initial`); `init` is the
+    built state."""
     cfg = run.cfg
-    params = _saved_warm_start(run, init)
-    if params is not None:
-        return params, ("fresh start from the warm start saved in checkpoints/initial (SFT not "
-                        "redone)")
+    if run.ckpt.initial_recipe() == _recipe(cfg):
+        try:
+            run.ckpt.check_model(run.model_cfg)
+            return run.ckpt.restore_initial(init.params), (
+                "fresh start from the warm start saved in checkpoints/initial (SFT not redone)")
+        except Exception as e:  # another model, or damaged: redo it
+            ckpt.warn(f"checkpoints/initial not reused ({ckpt.error_line(e)}); redoing it")
     if cfg.init.params:
         params = ckpt.restore_params(cfg.init.params, init.params)
         how = f"fresh start from init.params {cfg.init.params}"
@@ -209,7 +201,7 @@ def warm_up(run: Run, state: RunState, check: Callable[[str], None] = _no_stop) 
     if run.eval is not None:
         run.eval.sampler.compile_all(progress=run.show_progress)
         check(where)
-    run.learner.warm_up(state)
+    run.learner.warm_up(state.params, state.opt_state)
     check(where)
     # Host-side eager ops (key derivation, the lr schedule for logging) compile once per
     # signature: do it here so `compiles` is 0 from step 1 on.
@@ -223,16 +215,13 @@ def warm_up(run: Run, state: RunState, check: Callable[[str], None] = _no_stop) 
 def eval_greedy(run: Run, params: Any) -> float:
     """Greedy held-out accuracy (first reward fn >= 0.5) with `params`."""
     assert run.eval is not None
+    cfg, ev = run.cfg, run.eval
+    kw = dict(params=params, key=rollout_key(cfg.run.seed, 0, 0),
+              chat_template=cfg.data.chat_template, on_error=cfg.reward_on_error)
     if run.episodes is not None:
-        return episode_accuracy(
-            run.eval.sampler, run.episodes, run.tokenizer, run.eval.examples, run.reward_fns,
-            params=params, key=rollout_key(run.cfg.run.seed, 0, 0),
-            max_new_tokens=run.cfg.sampling.max_new_tokens,
-            chat_template=run.cfg.data.chat_template, on_error=run.cfg.reward_on_error)
-    return greedy_accuracy(run.eval.sampler, run.tokenizer, run.eval.examples, run.reward_fns,
-                           params=params, key=rollout_key(run.cfg.run.seed, 0, 0),
-                           chat_template=run.cfg.data.chat_template,
-                           on_error=run.cfg.reward_on_error)
+        return episode_accuracy(ev.sampler, run.episodes, run.tokenizer, ev.examples,
+                                run.reward_fns, max_new_tokens=cfg.sampling.max_new_tokens, **kw)
+    return greedy_accuracy(ev.sampler, run.tokenizer, ev.examples, run.reward_fns, **kw)
 
 
 # ---------------------------------------------------------------------------- one step
@@ -257,20 +246,17 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
         # Measured timings differ per host; process 0 decides (the states are kept equal by
         # agreeing on its seconds in `observation_from`, this is the belt to those braces).
         g = int(hosts.agree(np.int32(g))) if not hosts.single else g
-    num_prompts = run.plan.prompts_per_g[g]
     t0 = time.perf_counter()
-    if run.episodes is not None:
-        ro = collect_episodes(run.sampler, run.prompts, g, run.reward_fns, step=step,
-                              num_prompts=num_prompts, params=state.params,
-                              tokenizer=run.tokenizer, settings=run.collect_settings,
-                              episodes=run.episodes)
-    else:
-        ro = collect(run.sampler, run.prompts, g, run.reward_fns, step=step,
-                     num_prompts=num_prompts, params=state.params, tokenizer=run.tokenizer,
-                     settings=run.collect_settings, hosts=hosts)
+    kw = dict(step=step, num_prompts=run.plan.prompts_per_g[g], params=state.params,
+              tokenizer=run.tokenizer, settings=run.collect_settings)
+    ro = (collect(run.sampler, run.prompts, g, run.reward_fns, hosts=hosts, **kw)
+          if run.episodes is None else
+          collect_episodes(run.sampler, run.prompts, g, run.reward_fns, episodes=run.episodes,
+                           **kw))
     rollout_s = time.perf_counter() - t0
     gv, plen = global_view(ro, hosts)
-    batch = make_batch(ro, run.layout, hosts)
+    batch = make_batch(ro, run.learner.layout, hosts, pad_id=run.pad_id,
+                       mask_truncated=cfg.algo.mask_truncated)
     t0 = time.perf_counter()
     new, m = run.learner.update(state, batch)
     train_s = time.perf_counter() - t0
@@ -285,7 +271,7 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
             decode_chunk=cfg.sampling.decode_chunk, agree_seconds=hosts.seconds))
         new = _observed(run, new)
         row = metrics_row(step, gv, m, sagc_m, run.sampler.prompt_bucket_for(plen),
-                          run.layout.completion_len, float(run.lr_schedule(step)))
+                          run.learner.layout.completion_len, float(run.lr_schedule(step)))
         row.update(rollout_s=rollout_s, train_s=train_s)
         ev = cfg.run.eval_every
         if run.eval is not None and ((step + 1) % ev == 0 or step + 1 == cfg.run.steps):
@@ -356,9 +342,8 @@ def _report(run: Run, bar: Any, step: int, row: dict[str, Any]) -> None:
 
 
 def _close_writer(run: Run) -> None:
-    """Closes the metrics writer, then draws the run's plots (`run.plots`, writing process)."""
     run.writer.close()
-    if run.cfg.run.plots and run.writer.enabled:
+    if run.cfg.run.plots and run.writer.enabled:  # the run's plots, by the writing process
         from sagc_jax.plots import plot_run  # matplotlib only when plotting
 
         plot_run(run.writer.metrics_path, run.writer.dir / "plots")

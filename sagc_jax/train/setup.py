@@ -30,17 +30,16 @@ from sagc_jax.models.lora import trainable
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import make_mesh_from_config
-from sagc_jax.rewards import RewardFn, build_reward_fns, with_timeout
-from sagc_jax.rl.batch import LayoutSpec
+from sagc_jax.rewards import RewardFn, build_reward_fns
+from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.rollout import CollectSettings, PromptStream
 from sagc_jax.rollout.episodes import EpisodeSettings
 from sagc_jax.sagc import make_policy
 from sagc_jax.sampling import Sampler, SamplingConfig
 from sagc_jax.sampling.turns import TurnSampler
 from sagc_jax.shapes import ShapePlan
-from sagc_jax.train.learner import Learner, loss_settings
+from sagc_jax.train.learner import Learner
 from sagc_jax.train.state import RunState, init_opt_state
-from sagc_jax.train.steps import CompiledSteps
 
 logger = logging.getLogger("sagc_jax.train")
 
@@ -69,7 +68,6 @@ class Run:
     param_shardings: Any
     initial: RunState | None
     learner: Learner
-    layout: LayoutSpec
     lr_schedule: Any
     policy: Any
     reward_fns: list[RewardFn]
@@ -194,7 +192,7 @@ def check_inputs(cfg: Config, hosts: Hosts | None = None) -> RunInputs:
     or row)."""
     hosts = hosts or Hosts.current()
     tokenizer = load_run_tokenizer(cfg.model.tokenizer, cfg.model.path)
-    reward_fns = with_timeout(build_reward_fns(cfg.rewards), cfg.reward_timeout_s)
+    reward_fns = build_reward_fns(cfg.rewards, cfg.reward_timeout_s)
     episodes = EpisodeSettings.from_config(cfg) if cfg.env is not None else None
     train_examples = load_examples(cfg.data, "train", seed=cfg.run.seed,
                                    required=required_columns(cfg, reward_fns, "train"))
@@ -241,14 +239,9 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     optimizer = make_optimizer(cfg.optim, cfg.run.steps)
     # With LoRA only the adapters carry optimizer state (`lora.trainable`).
     opt_state, opt_shardings = init_opt_state(optimizer, trainable(params), mesh)
-    train = plan.train_layout
-    steps = CompiledSteps.from_layout(graphdef, optimizer, loss_settings(cfg), mesh,
-                                      param_shardings, opt_shardings, train, hosts)
-    learner = Learner(steps, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
-    layout = LayoutSpec(seqs=train.seqs, completion_len=train.completion_len,
-                        pack_len=train.pack_len, chunk_sizes=train.chunk_sizes,
-                        share_prompts=train.share_prompts, pad_id=pad_id,
-                        mask_truncated=cfg.algo.mask_truncated)
+    learner = Learner(graphdef, optimizer, LossSettings.from_config(cfg), mesh, param_shardings,
+                      opt_shardings, plan.train_layout, num_iterations=cfg.algo.num_iterations,
+                      hosts=hosts)
     blueprint = _blueprint(graphdef, params)
     episodes = inputs.episodes
     sampler = _sampler(cfg, SamplingConfig.from_plan(plan, cfg.sampling), blueprint, tokenizer,
@@ -256,7 +249,7 @@ def build_run(cfg: Config, *, progress: bool | None = None) -> Run:
     return Run(
         cfg=cfg, hosts=hosts, mesh=mesh, plan=plan, tokenizer=tokenizer, pad_id=pad_id,
         model_cfg=model_cfg, graphdef=graphdef, param_shardings=param_shardings,
-        initial=RunState(params, opt_state), learner=learner, layout=layout,
+        initial=RunState(params, opt_state), learner=learner,
         lr_schedule=make_schedule(cfg.optim, cfg.run.steps), policy=_make_policy(cfg),
         reward_fns=reward_fns, sampler=sampler,
         prompts=_prompt_stream(cfg, plan, hosts, train_examples, tokenizer),
