@@ -246,7 +246,7 @@ def test_skipping_a_turns_idle_steps_changes_nothing(setup, monkeypatch):
 
 def test_turns_read_the_decode_weights_begin_made(setup):
     """The decode weights (LoRA merged, split per layer) are made once per batch of episodes
-    (`Episodes.weights`) and handed to every turn: deriving them copies every weight, ~3 decode
+    (`Episodes.weights`) and handed to every turn: deriving them copies every weight, 2.5-3 decode
     steps of the real model per turn when each turn did it (benchmarks/README.md)."""
     s = setup
     ep = s.sampler.begin([e["prompt_ids"] for e in _examples(s.tok, [1])], group_size=2,

@@ -90,7 +90,7 @@ class Episodes:
     `weights`: the decode loop's weights (`models.decode.decode_weights`: LoRA merged, split per
     layer, in the matmul dtype), made once by `begin` and read by every turn: the policy the
     episodes are sampled from is fixed when they begin. Deriving them copies every weight (the
-    split of the stacked kernels, a tied head's transpose); once per turn that cost ~3 decode
+    split of the stacked kernels, a tied head's transpose); once per turn that cost 2.5-3 decode
     steps of the real model on a 2-core CPU (benchmarks/README.md, "Multi-turn rollouts"). They
     live as long as the batch: one model-sized buffer more between turns, the peak inside a
     turn is unchanged (the turn program held the same copy).
