@@ -25,12 +25,14 @@ from sagc_jax.config import ConfigError, config_from_dict
 from sagc_jax.data.tokenizer import encode_prompt, encode_reply, encode_text, load_tokenizer
 from sagc_jax.envs import Calculator, EnvError, EnvNameError, EnvSpec, evaluate, resolve_env
 from sagc_jax.models import ModelConfig, Transformer
+from sagc_jax.models.decode import DecodeWeights
 from sagc_jax.models.sharding import state_shardings
 from sagc_jax.parallel import make_mesh
 from sagc_jax.rl.batch import make_batch
 from sagc_jax.rl.train_step import LossSettings
 from sagc_jax.rollout.episodes import EpisodeSettings, play
 from sagc_jax.sampling import SamplingConfig, compile_count
+from sagc_jax.sampling import turns as turn_sampling
 from sagc_jax.sampling.turns import TurnSampler
 from sagc_jax.shapes import TrainLayout
 from sagc_jax.train.learner import Learner
@@ -220,6 +222,39 @@ def test_continued_logits_equal_a_fresh_prefill(setup):
         seq = jnp.asarray([prompts[r // 2] + tokens[r, :lengths[r]].tolist()])
         want = np.asarray(s.model(seq)[0, -1], np.float32)
         np.testing.assert_allclose(logits[r], want, atol=1e-5)
+
+
+def test_skipping_a_turns_idle_steps_changes_nothing(setup, monkeypatch):
+    """On CPU a turn skips the decode steps left in its last chunk once every row's turn ended
+    (`turns.skip_idle_steps`): the episodes, log-probs and step counts are those of a sampler
+    that runs those steps."""
+    s = setup
+    assert turn_sampling.skip_idle_steps()  # the tests run on XLA:CPU, where the skip is on
+    monkeypatch.setattr(turn_sampling, "skip_idle_steps", lambda: False)
+    plain = TurnSampler(s.model, s.sampler.config, pad_id=s.sampler.pad_id,
+                        eos_ids=s.sampler.eos_ids, stop_ids=[encode_text(s.tok, x)
+                                                             for x in s.spec.stop],
+                        reply_width=s.sampler.reply_width)
+    a = _play(s, [2, 1], g=2, key=7)
+    b = _play(types.SimpleNamespace(**{**vars(s), "sampler": plain}), [2, 1], g=2, key=7)
+    assert (a.turns > 1).any() and a.stats["decode_steps"] == b.stats["decode_steps"]
+    for x, y in ((a.tokens, b.tokens), (a.env_mask, b.env_mask), (a.lengths, b.lengths),
+                 (a.turns, b.turns)):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+
+
+def test_turns_read_the_decode_weights_begin_made(setup):
+    """The decode weights (LoRA merged, split per layer) are made once per batch of episodes
+    (`Episodes.weights`) and handed to every turn: deriving them copies every weight, 2.5-3 decode
+    steps of the real model per turn when each turn did it (benchmarks/README.md)."""
+    s = setup
+    ep = s.sampler.begin([e["prompt_ids"] for e in _examples(s.tok, [1])], group_size=2,
+                         key=jax.random.key(0))
+    assert isinstance(ep.weights, DecodeWeights)
+    assert len(ep.weights.layers) == s.model.cfg.num_layers
+    # No stacked [L, ...] kernel reaches the turn program: nothing left to split per turn.
+    assert all(x.ndim <= 2 for x in jax.tree.leaves(ep.weights))
 
 
 def test_episode_rules_and_rewards(setup):

@@ -281,6 +281,23 @@ def test_research_code_stays_out_of_the_way():
     assert any("tools" in n for f, n in others.items() if f.startswith("tests/"))
 
 
+def test_research_code_uses_public_names_only():
+    """benchmarks/ imports only public names of sagc_jax (no ``_private`` module or name): what
+    it measures is what a user can call, and a refactor of internals does not break it."""
+    bad = []
+    for f in sorted((ROOT / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sagc_jax"):
+                names = [*node.module.split("."), *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [p for a in node.names if a.name.startswith("sagc_jax")
+                         for p in a.name.split(".")]
+            else:
+                continue
+            bad += [f"{f.relative_to(ROOT)}:{node.lineno}" for n in names if n.startswith("_")]
+    assert bad == []
+
+
 if __name__ == "__main__":
     g = import_graph()
     for c in cycles(g):

@@ -17,9 +17,13 @@ Shapes: rows = P_G x G, the generated buffer `max_new_tokens` (model and environ
 together: the episode's total-token cap), the reply buffer `reply_width`; the turn count, reply
 lengths, stop hits and sampling values are traced or host-side, so after `compile_all` no turn,
 episode or G compiles. Finished rows stop costing work the way the single-turn sampler's do: a
-turn's loop ends when every live row's turn ended (checked once per `decode_chunk` steps), and
-a row whose episode is over is not live in later turns, but until the loop ends it rides along
-in the batch (rows are not compacted between turns).
+turn's loop ends when every live row's turn ended (checked once per `decode_chunk` steps; on
+CPU the steps left in that chunk are skipped, `skip_idle_steps`), and a row whose episode is
+over is not live in later turns, but until the loop ends it rides along in the batch (rows are
+not compacted between turns).
+
+Per turn, beyond its decode steps: the decode weights are made once per batch of episodes, by
+`begin` (`Episodes.weights`), not per turn; the host reads the tokens and positions back once.
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
-from sagc_jax.models.decode import GenKV, PrefixKV, decode_step, decode_weights, init_gen
+from sagc_jax.models.decode import (
+    DecodeWeights,
+    GenKV,
+    PrefixKV,
+    decode_step,
+    decode_weights,
+    init_gen,
+)
 from sagc_jax.models.llama import Transformer
 from sagc_jax.sampling.buckets import SamplingConfig
 from sagc_jax.sampling.compile_counter import compile_count
@@ -74,12 +85,21 @@ class TurnEnd(NamedTuple):
 @dataclasses.dataclass
 class Episodes:
     """A batch of episodes in flight: the prompts' shared K/V (device), the rows' state, and
-    what every turn reuses. `rows`: real rows (prompts x G); the compiled batch may be larger."""
+    what every turn reuses. `rows`: real rows (prompts x G); the compiled batch may be larger.
+
+    `weights`: the decode loop's weights (`models.decode.decode_weights`: LoRA merged, split per
+    layer, in the matmul dtype), made once by `begin` and read by every turn: the policy the
+    episodes are sampled from is fixed when they begin. Deriving them copies every weight (the
+    split of the stacked kernels, a tied head's transpose); once per turn that cost 2.5-3 decode
+    steps of the real model on a 2-core CPU (benchmarks/README.md, "Multi-turn rollouts"). They
+    live as long as the batch: one model-sized buffer more between turns, the peak inside a
+    turn is unchanged (the turn program held the same copy).
+    """
 
     prefix: PrefixKV
     lens: Any
     state: EpisodeState
-    params: Any
+    weights: DecodeWeights
     key: jax.Array
     group_size: int
     prompt_bucket: int
@@ -87,6 +107,15 @@ class Episodes:
     prefill_s: float
     decode_s: float = 0.0
     decode_steps: int = 0
+
+
+def skip_idle_steps() -> bool:
+    """Whether a turn skips the decode steps left in its last chunk once every row's turn ended
+    (a `lax.cond` per step). On XLA:CPU the branch is taken on the host thread running the
+    program, for free; on GPU a conditional reads its predicate back to the host each step, the
+    per-step sync the chunked loop exists to avoid, so there the idle steps run (not measured
+    on a GPU in this change)."""
+    return jax.default_backend() == "cpu"
 
 
 def stop_table(stops: Sequence[Sequence[int]]) -> np.ndarray:
@@ -140,9 +169,9 @@ class TurnSampler(Sampler):
         if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)
         t0 = time.perf_counter()
-        prefix, state = self._begin(pure, ids, lens, g=g)
+        prefix, state, weights = self._begin(pure, ids, lens, g=g)
         jax.block_until_ready(state.logits)
-        return Episodes(prefix, lens, state, pure, key, g, lp, len(prompts) * g,
+        return Episodes(prefix, lens, state, weights, key, g, lp, len(prompts) * g,
                         time.perf_counter() - t0)
 
     def turn(self, ep: Episodes, *, live: np.ndarray, replies: Sequence[Sequence[int]],
@@ -168,7 +197,7 @@ class TurnSampler(Sampler):
         on[:len(live)] = live
         t0 = time.perf_counter()
         ep.state, ends = self._turn(
-            ep.params, ep.prefix, ep.lens, ep.state, self._put_rows(forced),
+            ep.weights, ep.prefix, ep.lens, ep.state, self._put_rows(forced),
             self._put_rows(nforced), self._put_rows(on), ep.key, np.int32(n),
             np.float32(temperature),
             np.int32(top_k if top_k is not None else self.cfg.vocab_size),
@@ -206,8 +235,9 @@ class TurnSampler(Sampler):
     # ---- jitted programs --------------------------------------------------------------------
 
     def _begin_impl(self, pure: dict, ids: jax.Array, lens: jax.Array, *,
-                    g: int) -> tuple[PrefixKV, EpisodeState]:
-        """Prefill (`Sampler._prefill_impl`) and the rows' empty state."""
+                    g: int) -> tuple[PrefixKV, EpisodeState, DecodeWeights]:
+        """Prefill (`Sampler._prefill_impl`), the rows' empty state and the decode weights
+        every turn reads (`Episodes.weights`)."""
         c = self.config
         prefix, last = self._prefill_impl(pure, ids, lens, g=g)
         rows = lens.shape[0] * g
@@ -217,17 +247,18 @@ class TurnSampler(Sampler):
             init_gen(self.cfg, rows, c.max_new_tokens), jnp.repeat(last, group, axis=0),
             jnp.zeros(rows, jnp.int32), jnp.full((rows, nbuf), self.pad_id, jnp.int32),
             jnp.zeros((rows, nbuf), jnp.float32), jnp.zeros((rows, nbuf), bool))
-        return prefix, state
+        return prefix, state, decode_weights(self._merge(pure))
 
-    def _turn_impl(self, pure: dict, prefix: PrefixKV, lens: jax.Array, state: EpisodeState,
-                   forced: jax.Array, nforced: jax.Array, live: jax.Array, key: jax.Array,
-                   n: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
-                   greedy: jax.Array, *, g: int,
+    def _turn_impl(self, weights: DecodeWeights, prefix: PrefixKV, lens: jax.Array,
+                   state: EpisodeState, forced: jax.Array, nforced: jax.Array,
+                   live: jax.Array, key: jax.Array, n: jax.Array, temperature: jax.Array,
+                   top_k: jax.Array, top_p: jax.Array, greedy: jax.Array, *, g: int,
                    lp: int) -> tuple[EpisodeState, tuple[jax.Array, jax.Array, jax.Array]]:
         """One turn (see `turn`): forced [R, F] / nforced [R] the replies, live [R]. Returns the
-        new state and (eos [R], stop [R], decode steps ())."""
+        new state and (eos [R], stop [R], decode steps ()). The steps are the loop's, whole
+        chunks (what `sagc.timing` prices a turn by); on CPU the idle ones are skipped for free
+        (`skip_idle_steps`), so there decode_s / steps is the cost per counted step."""
         c = self.config
-        weights = decode_weights(self._merge(pure))
         rows = lens.shape[0] * g
         group = g if c.prefix_sharing else 1
         row = jnp.arange(rows, dtype=jnp.int32)
@@ -241,8 +272,9 @@ class TurnSampler(Sampler):
         width, nbuf, slots = stops.shape[1], state.tokens.shape[1], state.gen.k[0].shape[-1]
         turn_from = state.pos + nforced  # first slot of this turn's model tokens
         f_width = forced.shape[1]
+        skip_idle = skip_idle_steps()
 
-        def step(carry, _):
+        def work(carry):
             st, fi, ended, eos_hit, stop_hit = carry
             forcing = live & (fi < nforced)
             sampling = live & ~forcing & ~ended
@@ -272,7 +304,18 @@ class TurnSampler(Sampler):
             logits = jnp.where(active[:, None], logits, st.logits)
             new = EpisodeState(gen, logits, pos, tokens, logprobs, env)
             return (new, fi + forcing.astype(jnp.int32), ended, eos_hit | is_eos,
-                    stop_hit | is_stop), None
+                    stop_hit | is_stop)
+
+        def step(carry, _):
+            if not skip_idle:
+                return work(carry), None
+            # Once every row's turn ended, the rest of the chunk would run full decode steps
+            # whose results are all discarded (about decode_chunk / 2 steps per turn); skip them.
+            # An idle step changes nothing a later step reads (`work` with no active row only
+            # writes K/V at each row's next slot, rewritten before it is read).
+            _, fi, ended = carry[:3]
+            busy = jnp.any(live & ((fi < nforced) | ~ended))
+            return jax.lax.cond(busy, work, lambda x: x, carry), None
 
         def chunk(loop):
             t, carry = loop
