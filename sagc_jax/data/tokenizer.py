@@ -228,21 +228,33 @@ def encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False))
 
 
-def encode_reply(tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False) -> list[int]:
+#: Stands for the model's turn when the template renders what follows it (plain text: no
+#: template escapes it).
+_TURN_MARK = "SAGC-MODEL-TURN-7f3a"
+
+
+def encode_reply(tok: PreTrainedTokenizerBase, text: str, chat_template: bool = False,
+                 after_eos: bool = True) -> list[int]:
     """Token ids of an environment's reply, appended to an episode after a model turn.
 
-    Plain: the text's ids, no special tokens (as a completion's). With ``chat_template`` the
-    reply is a user message followed by the generation prompt, rendered by the tokenizer's
-    template (a leading bos dropped: the episode already began), so the model's next turn opens
-    as an assistant message does.
+    Plain: the text's ids, no special tokens (as a completion's). With ``chat_template``: what
+    the tokenizer's template writes after an assistant message's text when a user message with
+    ``text`` follows, up to the next generation prompt (the assistant turn's closing markup, the
+    user turn, the assistant header), so the model's next turn opens as an assistant message
+    does. What a template writes once at a conversation's start (a bos, a default system
+    message) is not repeated. ``after_eos``: the model's turn ended with its EOS, which is then
+    the closing markup's first token already in the episode (a turn cut by a stop string gets it
+    from the reply).
     """
     if not chat_template:
         return encode_text(tok, text) if text else []
-    ids = list(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                       add_generation_prompt=True, return_dict=False))
-    if tok.bos_token_id is not None and ids[:1] == [tok.bos_token_id]:
-        ids = ids[1:]
-    return ids
+    chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _TURN_MARK},
+            {"role": "user", "content": text}]
+    rendered = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    tail = rendered[rendered.index(_TURN_MARK) + len(_TURN_MARK):]
+    if after_eos and tok.eos_token and tail.startswith(tok.eos_token):
+        tail = tail[len(tok.eos_token):]
+    return encode_text(tok, tail)
 
 
 #: Set on a tokenizer once :func:`set_prompt_rule` has configured it (checked, not re-done).

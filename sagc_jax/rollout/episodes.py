@@ -102,7 +102,7 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
     envs = [spec.make(r // g) for r in range(rows)]
     replies: list[list[int]] = [
         _reply(sampler, spec, tokenizer, spec.reset(envs[r], examples[r // g], r // g), r // g,
-               st.chat_template, first=True) or [] for r in range(rows)]
+               st.chat_template, first=True, after_eos=False) or [] for r in range(rows)]
     cut_replies = 0
     live = np.ones(rows, bool)
     turns = np.zeros(rows, np.int32)
@@ -131,7 +131,8 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
             if res.done or turns[r] >= st.max_turns:
                 live[r] = False
                 continue
-            reply = _reply(sampler, spec, tokenizer, res.observation, r // g, st.chat_template)
+            reply = _reply(sampler, spec, tokenizer, res.observation, r // g, st.chat_template,
+                           after_eos=bool(end.eos[r]))
             cut_replies += reply is None
             if reply is None or pos[r] + len(reply) >= max_new_tokens:
                 truncated[r], live[r] = True, False  # the reply leaves no room for a turn
@@ -153,13 +154,14 @@ def play(sampler: TurnSampler, settings: EpisodeSettings, examples: Sequence[Map
 
 
 def _reply(sampler: TurnSampler, spec: EnvSpec, tokenizer: Any, text: str, index: int,
-           chat_template: bool, *, first: bool = False) -> list[int] | None:
+           chat_template: bool, *, first: bool = False, after_eos: bool = True
+           ) -> list[int] | None:
     """The reply's ids ("" = no reply at all, also under a chat template), or None when it is
     longer than the compiled reply buffer (`env.max_reply_tokens`). A first observation (from
     `reset`) that long is the environment's or the config's fault, the same for every episode
     of the example: `EnvError`. A later reply depends on what the model wrote (a calculator
     asked for a huge number): its episode ends there, cut like one over the token budget."""
-    ids = encode_reply(tokenizer, text, chat_template) if text else []
+    ids = encode_reply(tokenizer, text, chat_template, after_eos) if text else []
     if len(ids) <= sampler.reply_width:
         return ids
     if first:
