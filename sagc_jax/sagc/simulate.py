@@ -196,12 +196,13 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         ramp_ends = frozenset(b for _, b in ramps)
         workload = SyntheticWorkload(base, drift, pmax, gmax, seed, ramp_ends)
     timing_raw = dict(raw.get("timing") or {})
-    noise = {k: timing_raw.pop(k, 0.0) for k in ("noise", "drift", "env_call_s")}
-    for k, v in noise.items():
+    # The simulator's own timing keys (not the time model's): noise, drift, environment seconds.
+    extra = {k: timing_raw.pop(k, 0.0) for k in ("noise", "drift", "env_call_s")}
+    for k, v in extra.items():
         if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or (
                 k != "drift" and v < 0):
             raise ValueError(f"timing.{k}: a number{' >= 0' if k != 'drift' else ''}, got {v!r}")
-    if noise["env_call_s"] and not (isinstance(workload, TraceWorkload) and workload.turn_max):
+    if extra["env_call_s"] and not (isinstance(workload, TraceWorkload) and workload.turn_max):
         raise ValueError("timing.env_call_s: only an episode trace (workload.trace whose rows "
                          "record `turns`) calls an environment")
     timing = time_model_from_dict(timing_raw, base_dir)
@@ -217,9 +218,9 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         tuple(drift_steps),
         tuple(ramps),
         owin,
-        float(noise["noise"]),
-        float(noise["drift"]),
-        float(noise["env_call_s"]),
+        float(extra["noise"]),
+        float(extra["drift"]),
+        float(extra["env_call_s"]),
     )
 
 
