@@ -157,22 +157,24 @@ def test_main_job_figures_are_regenerated_from_the_committed_run() -> None:
     assert f"held-out {held[0]} → **{held[1]}**" in row, row
 
 
-def test_tool_job_figures_are_regenerated_from_the_committed_run() -> None:
-    """docs/results/tiny_cpu_tool.md's tables and the README's tools row are what
+@pytest.mark.parametrize("run,block,readme_row", [("tiny_cpu_tool", 25, "| tools"),
+                                                   ("smollm2_tool", 6, "| tools, SmolLM2")])
+def test_tool_job_figures_are_regenerated_from_the_committed_run(run, block, readme_row) -> None:
+    """docs/results/<run>.md's tables and the README's tools row are what
     `tools/tool_job_figures.py` prints from the run's committed raw files."""
     import re
     import subprocess
 
     out = subprocess.run([sys.executable, "-m", "tools.tool_job_figures",
-                          "docs/results/tiny_cpu_tool"],
+                          f"docs/results/{run}", "--block", str(block)],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
-    page = (ROOT / "docs" / "results" / "tiny_cpu_tool.md").read_text()
+    page = (ROOT / "docs" / "results" / f"{run}.md").read_text()
     for table in out.split("\n\n"):
         assert table in page, table
     sft, after = re.search(r"SFT warm start \| ([\d.]+) .*\n\| after \d+ GRPO steps \| "
                            r"\*\*([\d.]+)\*\*", out).groups()
     row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
-               if ln.startswith("| tools"))
+               if ln.startswith(readme_row + ","))
     assert f"held-out with the tool {sft} → **{after}**" in row, row
 
 

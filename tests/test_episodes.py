@@ -133,6 +133,29 @@ def test_replies_are_tokenised_plain_or_with_the_chat_template(which):
         assert ids[0] != tok.bos_token_id or tok.bos_token_id == tok.eos_token_id
 
 
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+@pytest.mark.parametrize("chat", [False, True])
+def test_sft_tool_traces_encode_replies_as_rollouts_do_and_never_train_them(which, chat):
+    """A tool-trace solution (model turn, reply, model turn) is the episode a rollout would
+    build: the turn's ids, the reply as `encode_reply` feeds it after a stop string, the
+    answer, eos; the reply's tokens are masked from the SFT loss, every other one is trained."""
+    from sagc_jax.data.pipeline import make_sft_batches, sft_example_ids
+
+    tok = load_tokenizer() if which == "tiny" else _smollm2_tokenizer()
+    ex = {"prompt": "2+3?", "solution": ["<calc>2+3</calc>", "=5\n", "<answer>5</answer>"]}
+    got = sft_example_ids(tok, ex, chat_template=chat)
+    turn, answer = encode_text(tok, "<calc>2+3</calc>"), encode_text(tok, "<answer>5</answer>")
+    reply = encode_reply(tok, "=5\n", chat_template=chat, after_eos=False)
+    assert got.prompt == encode_prompt(tok, "2+3?", chat)
+    assert got.completion == turn + reply + answer + [tok.eos_token_id]
+    assert got.trained == [True] * len(turn) + [False] * len(reply) + [True] * (len(answer) + 1)
+    batch = next(make_sft_batches([ex, {"prompt": "1+1?", "solution": "<answer>2</answer>"}],
+                                  tokenizer=tok, batch_size=2, chat_template=chat))
+    masks = {int(r.sum()) for r in batch["loss_mask"]}
+    assert len(turn) + len(answer) + 1 in masks  # the reply is in the tokens, not the loss
+    assert (batch["input_mask"].sum(1) >= batch["loss_mask"].sum(1)).all()
+
+
 def _spec(name: str, timeout_s: float | None = None) -> EnvSpec:
     cfg = config_from_dict({"env": {"name": name, "timeout_s": timeout_s}})
     return EnvSpec.from_config(cfg.env)

@@ -59,6 +59,34 @@ def test_prompts_are_deterministic_and_carry_the_instruction(mix_task, mix_train
         assert ex["solution"] == f"<answer>{ex['answer']}</answer>"
     bare = get_task("reasoning_gym", datasets=SMALL, system_prompt=None).train_examples(0, 10)
     assert bare[0]["prompt"] == bare[0]["rg_entry"]["question"]
+    # extra_instruction goes after the system prompt, before the question, blank-line apart
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    tool = get_task("reasoning_gym", datasets=SMALL, extra_instruction="Use <calc>.\n")
+    ex = tool.train_examples(0, 1)[0]
+    assert ex["prompt"] == (SYSTEM_PROMPTS["default"].strip() + "\n\nUse <calc>.\n\n"
+                            + ex["rg_entry"]["question"])
+    only = get_task("reasoning_gym", datasets=SMALL, system_prompt=None, extra_instruction="Hi")
+    assert only.train_examples(0, 1)[0]["prompt"] == "Hi\n\n" + ex["rg_entry"]["question"]
+
+
+def test_calc_rate_writes_calculator_tool_traces_that_the_calculator_agrees_with():
+    from sagc_jax.envs import Calculator, evaluate
+
+    mix = {"chain_sum": {"min_terms": 2, "max_terms": 3, "max_digits": 2},
+           "leg_counting": {}}  # no `expression` in its metadata: never a tool trace
+    exs = get_task("reasoning_gym", datasets=mix, calc_rate=0.5).train_examples(0, 400)
+    traces = [ex for ex in exs if isinstance(ex["solution"], list)]
+    sums = [ex for ex in exs if ex["rg_dataset"] == "chain_sum"]
+    assert 0.35 < len(traces) / len(sums) < 0.65
+    assert all(ex["rg_dataset"] == "chain_sum" for ex in traces)
+    for ex in traces:
+        call, reply, answer = ex["solution"]
+        assert Calculator().step(call).observation == reply == f"={ex['answer']}\n"
+        assert evaluate(call[len("<calc>"):-len("</calc>")]) == ex["answer"]
+        assert answer == f"<answer>{ex['answer']}</answer>"
+    none = get_task("reasoning_gym", datasets=mix).train_examples(0, 50)
+    assert not any(isinstance(ex["solution"], list) for ex in none)
 
 
 def test_train_and_heldout_are_disjoint_even_with_few_distinct_questions():
@@ -160,6 +188,10 @@ def test_math_verify_latex_and_numbers():
      r"leg_counting\.max_animal' \(did you mean '.*max_animals'\?\)"),
     ({"datasets": {"chain_sum": {}}, "system_prompt": "defualt"},
      r"system_prompt: unknown 'defualt' \(did you mean 'default'\?\)"),
+    ({"datasets": {"chain_sum": {}}, "extra_instruction": 3},
+     r"task_options\.extra_instruction: expected non-empty text or null, got 3"),
+    ({"datasets": {"chain_sum": {}}, "calc_rate": 1.5},
+     r"task_options\.calc_rate: expected a number in \[0, 1\], got 1\.5"),
     ({"dataset": {"chain_sum": {}}}, r"unknown key 'data\.task_options\.dataset' \(did you mean "
                                      r"'data\.task_options\.datasets'\?\)"),
     ({}, r"data\.task_options\.datasets: required"),

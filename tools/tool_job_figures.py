@@ -1,12 +1,15 @@
-"""The tool job's figures (docs/results/tiny_cpu_tool.md, README "Results") from its raw files.
+"""The tool jobs' figures (docs/results/tiny_cpu_tool.md, smollm2_tool.md, README "Results").
 
     python -m tools.tool_job_figures docs/results/tiny_cpu_tool
+    python -m tools.tool_job_figures docs/results/smollm2_tool --block 6
 
 reads `<dir>/metrics.jsonl` (what `sagc-jax train --config configs/tiny_cpu_tool.yaml` writes),
 `<dir>/train.log` (its output: the held-out accuracy before GRPO) and the two single-turn evals
 `<dir>/eval_no_tool_sft.json` / `eval_no_tool_step150.json` (`sagc-jax eval --out`), and prints
 the page's tables: turns per episode, environment-token share, reward and episode length per
-25 steps; held-out accuracy with and without the calculator; compiles after warm-up.
+`--block` steps; held-out accuracy with and without the calculator; compiles after warm-up.
+With `<dir>/untrained.log` (the same config's output with `init.sft_steps=0`, so its accuracy
+before GRPO is the untrained model's with the calculator) the table gets an "untrained" row.
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ def figures(run: Path, block: int = 25) -> str:
     no_tool = {name: json.loads((run / f"eval_no_tool_{name}.json").read_text())["accuracy"]
                for name in ("sft", f"step{last}")}
     out += ["", "| checkpoint | with the calculator (episodes) | without it (single turn) |",
-            "|---|---|---|",
-            f"| SFT warm start | {before:.3f} | {no_tool['sft']:.3f} |",
+            "|---|---|---|"]
+    if (run / "untrained.log").exists():
+        m = re.search(r"accuracy before GRPO: ([0-9.]+)", (run / "untrained.log").read_text())
+        out.append(f"| untrained | {float(m.group(1)) if m else float('nan'):.3f} | – |")
+    out += [f"| SFT warm start | {before:.3f} | {no_tool['sft']:.3f} |",
             f"| after {last} GRPO steps | **{evals[-1][1]:.3f}** "
             f"({', '.join(f'{a:.3f}' for _, a in evals)} at steps "
             f"{', '.join(str(s) for s, _ in evals)}) | {no_tool[f'step{last}']:.3f} |"]
@@ -61,7 +67,9 @@ def figures(run: Path, block: int = 25) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path, help="a run dir (or its committed copy)")
-    print(figures(ap.parse_args().run))
+    ap.add_argument("--block", type=int, default=25, help="steps per row of the first table")
+    args = ap.parse_args()
+    print(figures(args.run, args.block))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ as a step needs (prompts per step may change with the group size). The iterator 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -26,9 +27,10 @@ from transformers import PreTrainedTokenizerBase
 
 from sagc_jax.data.readers import DataError, read_examples
 from sagc_jax.data.tasks import STEP_TASKS, get_task
-from sagc_jax.data.tokenizer import encode_prompt, encode_text
+from sagc_jax.data.tokenizer import encode_prompt, encode_reply, encode_text
 
 __all__ = [
+    "SftIds",
     "TokenizePrompt",
     "load_examples",
     "make_prompt_iterator",
@@ -159,21 +161,47 @@ def make_prompt_iterator(
     return iter(it_ds)
 
 
+@dataclasses.dataclass(frozen=True)
+class SftIds:
+    """One SFT example as ids: ``prompt`` (never trained), ``completion`` (the solution + eos) and
+    ``trained`` (per completion token: False on an environment reply of a tool trace)."""
+
+    prompt: list[int]
+    completion: list[int]
+    trained: list[bool]
+
+
 def sft_example_ids(
     tokenizer: PreTrainedTokenizerBase,
     example: Mapping[str, Any],
     *,
     chat_template: bool = False,
     solution_key: str = "solution",
-) -> tuple[list[int], list[int]]:
-    """``(prompt_ids, completion_ids)`` for SFT: completion = solution tokens + eos."""
+) -> SftIds:
+    """An SFT example's ids: completion = solution tokens + eos.
+
+    A solution is text, or a **tool trace**: a list of texts, the model's turns and an
+    environment's replies alternating (``["<calc>23+48</calc>", "=71\n", "<answer>71</answer>"]``).
+    A reply is encoded as a rollout feeds it (``encode_reply``: with ``chat_template``, the
+    template's user turn after a turn cut by a stop string) and is not trained, as in GRPO.
+    """
     if solution_key not in example:
         raise DataError(f"SFT needs a {solution_key!r} column; example keys: {sorted(example)}")
     prompt_ids = encode_prompt(tokenizer, example["prompt"], chat_template)
-    completion = encode_text(tokenizer, str(example[solution_key]))
+    solution = example[solution_key]
+    parts = list(solution) if isinstance(solution, list | tuple) else [str(solution)]
+    completion: list[int] = []
+    trained: list[bool] = []
+    for i, text in enumerate(parts):
+        reply = i % 2 == 1
+        ids = (encode_reply(tokenizer, str(text), chat_template, after_eos=False) if reply
+               else encode_text(tokenizer, str(text)))
+        completion += ids
+        trained += [not reply] * len(ids)
     if tokenizer.eos_token_id is not None:
         completion.append(int(tokenizer.eos_token_id))
-    return prompt_ids, completion
+        trained.append(True)
+    return SftIds(prompt_ids, completion, trained)
 
 
 def make_sft_batches(
@@ -206,7 +234,8 @@ def make_sft_batches(
         rows whose masks are 0.
 
     Yields:
-      ``{"tokens": int32 [B, T], "loss_mask": int32 [B, T] (1 on solution + eos tokens),
+      ``{"tokens": int32 [B, T], "loss_mask": int32 [B, T] (1 on solution + eos tokens, 0 on a
+      tool trace's environment replies),
       "input_mask": int32 [B, T] (1 on every real token)}``.
     """
     if batch_size < 1:
@@ -225,26 +254,28 @@ def make_sft_batches(
             idx = order[start : start + batch_size]
             rows = []
             for i in idx:
-                p, c = sft_example_ids(
+                ex = sft_example_ids(
                     tokenizer,
                     examples[int(i)],
                     chat_template=chat_template,
                     solution_key=solution_key,
                 )
-                if seq_len is not None and len(p) + len(c) > seq_len:
+                n_tok = len(ex.prompt) + len(ex.completion)
+                if seq_len is not None and n_tok > seq_len:
                     raise DataError(
-                        f"SFT example {int(i)} has {len(p) + len(c)} tokens > seq_len={seq_len}"
+                        f"SFT example {int(i)} has {n_tok} tokens > seq_len={seq_len}"
                     )
-                rows.append((p, c))
-            longest = max(len(p) + len(c) for p, c in rows)
+                rows.append(ex)
+            longest = max(len(ex.prompt) + len(ex.completion) for ex in rows)
             t = seq_len if seq_len is not None else -(-longest // pad_multiple) * pad_multiple
             tokens = np.full((batch_size, t), pad, dtype=np.int32)
             loss_mask = np.zeros((batch_size, t), dtype=np.int32)
             input_mask = np.zeros((batch_size, t), dtype=np.int32)
-            for r, (p, c) in enumerate(rows):
-                tokens[r, : len(p) + len(c)] = p + c
-                loss_mask[r, len(p) : len(p) + len(c)] = 1
-                input_mask[r, : len(p) + len(c)] = 1
+            for r, ex in enumerate(rows):
+                p, c = len(ex.prompt), len(ex.completion)
+                tokens[r, : p + c] = ex.prompt + ex.completion
+                loss_mask[r, p : p + c] = ex.trained
+                input_mask[r, : p + c] = 1
             yield {"tokens": tokens, "loss_mask": loss_mask, "input_mask": input_mask}
         epoch += 1
 

@@ -8,6 +8,8 @@ names the datasets, their weights and generator settings::
       task: reasoning_gym
       task_options:
         system_prompt: default        # a key of reasoning_gym.utils.SYSTEM_PROMPTS, or null
+        extra_instruction: null       # text added after it, e.g. how to call a tool
+        calc_rate: 0.0                # SFT solutions written as calculator tool traces
         datasets:
           chain_sum: {weight: 1, min_terms: 2, max_terms: 3}
           leg_counting: {weight: 1}
@@ -17,13 +19,23 @@ is accepted too). The mix is reasoning-gym's ``CompositeDataset``: example ``i``
 weight, then that dataset's entry ``i``.
 
 **Prompt**: the instruction (the named system prompt, which asks for a final
-``<answer>…</answer>``) then a blank line then the question, as one text — with
-``data.chat_template`` the whole text is the user turn. **SFT reference** (``init.sft_steps``):
+``<answer>…</answer>``, then ``extra_instruction`` if set: reasoning-gym's prompts know no
+tools, so a tool-using run says here how to call one) then a blank line then the question, as
+one text — with ``data.chat_template`` the whole text is the user turn.
+
+**SFT reference** (``init.sft_steps``):
 ``<answer>{answer}</answer>``; a dataset whose entries have no single oracle answer
-(``answer`` is None, e.g. ``rubiks_cube``) gives no ``solution``. **Columns** passed to reward
-functions: ``answer`` (the oracle answer text), ``rg_dataset`` (name), ``rg_entry`` (the
-reasoning-gym entry: question, answer, metadata — what ``score_answer`` takes) and ``rg_config``
-(that dataset's generator settings as JSON, so the verifier is built with the same settings).
+(``answer`` is None, e.g. ``rubiks_cube``) gives no ``solution``. With ``calc_rate`` > 0, that
+fraction of the entries whose metadata has an ``expression`` and whose answer is an integer
+(chain_sum, basic_arithmetic, ...) get a tool trace for the built-in ``calculator``
+environment instead: ``["<calc>{expression}</calc>", "={answer}\n",
+"<answer>{answer}</answer>"]`` (the model's call, the tool's reply, the answer; chosen by a
+stable hash of the question).
+
+**Columns** passed to reward functions: ``answer`` (the oracle answer text), ``rg_dataset``
+(name), ``rg_entry`` (the reasoning-gym entry: question, answer, metadata — what
+``score_answer`` takes) and ``rg_config`` (that dataset's generator settings as JSON, so the
+verifier is built with the same settings).
 
 **Splits**: a question belongs to the held-out split when a stable hash of its text falls in one
 of ``HELDOUT_BUCKETS`` buckets, so no held-out question is ever a training question (even for a
@@ -40,6 +52,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,12 +81,19 @@ HELDOUT_SEED = 1_000_003
 _MAX_DRAWS = 32  # a train draw is held-out with p = 1/8: 32 misses in a row ~ 1e-29
 _LENGTH_SAMPLE = 512  # training examples scanned for the longest prompts
 _MANAGED = ("seed", "size")  # generator settings the task sets itself
+_INT = re.compile(r"-?\d+")
 
 
 def question_split(question: str) -> str:
     """``"eval"`` or ``"train"``: the split a question belongs to (stable across runs)."""
     h = int.from_bytes(hashlib.blake2b(question.encode(), digest_size=8).digest(), "little")
     return "eval" if h % HELDOUT_BUCKETS == 0 else "train"
+
+
+def _unit_hash(salt: str, text: str) -> float:
+    """A stable number in [0, 1) for ``text`` (independent of the split's hash by ``salt``)."""
+    digest = hashlib.blake2b(f"{salt}:{text}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,15 +116,17 @@ class ReasoningGymOptions:
 
     datasets: tuple[DatasetChoice, ...]
     system_prompt: str | None = "default"
+    extra_instruction: str | None = None
+    calc_rate: float = 0.0
 
     @property
     def instruction(self) -> str:
-        """The text put before each question ("" without a system prompt)."""
-        if self.system_prompt is None:
-            return ""
+        """The text put before each question ("" without a system prompt or extra text)."""
         from reasoning_gym.utils import SYSTEM_PROMPTS
 
-        return SYSTEM_PROMPTS[self.system_prompt].strip()
+        parts = [SYSTEM_PROMPTS[self.system_prompt].strip() if self.system_prompt else "",
+                 (self.extra_instruction or "").strip()]
+        return "\n\n".join(p for p in parts if p)
 
     def description(self) -> str:
         """One line for logs."""
@@ -133,6 +155,11 @@ class ReasoningGymOptions:
         }
         if isinstance(answer, str):
             ex["solution"] = f"<answer>{answer}</answer>"
+            expr = entry["metadata"].get("expression")
+            if (self.calc_rate > 0 and isinstance(expr, str) and _INT.fullmatch(answer)
+                    and _unit_hash("rg-calc", str(entry["question"])) < self.calc_rate):
+                ex["solution"] = [f"<calc>{expr}</calc>", f"={answer}\n",
+                                  f"<answer>{answer}</answer>"]
         return ex
 
 
@@ -210,7 +237,7 @@ def parse_options(options: Mapping[str, Any]) -> ReasoningGymOptions:
                           "'sagc-jax[real]' (or reasoning-gym==0.1.25)")
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
-    allowed = ("datasets", "system_prompt")
+    allowed = ("datasets", "system_prompt", "extra_instruction", "calc_rate")
     for key in options:
         if key not in allowed:
             raise ConfigError(unknown_key(f"{KEY}.{key}", [f"{KEY}.{k}" for k in allowed]))
@@ -226,7 +253,14 @@ def parse_options(options: Mapping[str, Any]) -> ReasoningGymOptions:
         raise ConfigError(f"{KEY}.system_prompt: unknown {prompt!r}"
                           f"{_did_you_mean(str(prompt), sorted(SYSTEM_PROMPTS))}; one of "
                           f"{', '.join(sorted(SYSTEM_PROMPTS))} or null")
-    return ReasoningGymOptions(choices, prompt)
+    extra = options.get("extra_instruction")
+    if extra is not None and (not isinstance(extra, str) or not extra.strip()):
+        raise ConfigError(f"{KEY}.extra_instruction: expected non-empty text or null, got "
+                          f"{extra!r}")
+    rate = options.get("calc_rate", 0.0)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+        raise ConfigError(f"{KEY}.calc_rate: expected a number in [0, 1], got {rate!r}")
+    return ReasoningGymOptions(choices, prompt, extra, float(rate))
 
 
 def _train_seed(seed: int, draw: int) -> int:
