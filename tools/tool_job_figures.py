@@ -29,6 +29,12 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
 
+def _before_grpo(log: Path) -> float:
+    """The held-out accuracy a train log reports before GRPO (nan if it has none)."""
+    m = re.search(r"accuracy before GRPO: ([0-9.]+)", log.read_text())
+    return float(m.group(1)) if m else float("nan")
+
+
 def figures(run: Path, block: int = 25) -> str:
     """The page's tables as markdown."""
     rows = _jsonl(run / "metrics.jsonl")
@@ -43,8 +49,7 @@ def figures(run: Path, block: int = 25) -> str:
     out.append(f"\nsteps 1-10 / last 10: turns {_mean(first, 'episode_turns'):.2f} -> "
                f"{_mean(last, 'episode_turns'):.2f}, reward {_mean(first, 'reward_mean'):.2f} -> "
                f"{_mean(last, 'reward_mean'):.2f}")
-    m = re.search(r"accuracy before GRPO: ([0-9.]+)", (run / "train.log").read_text())
-    before = float(m.group(1)) if m else float("nan")
+    before = _before_grpo(run / "train.log")
     evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
     last = rows[-1]["step"]
     no_tool = {name: json.loads((run / f"eval_no_tool_{name}.json").read_text())["accuracy"]
@@ -52,8 +57,7 @@ def figures(run: Path, block: int = 25) -> str:
     out += ["", "| checkpoint | with the calculator (episodes) | without it (single turn) |",
             "|---|---|---|"]
     if (run / "untrained.log").exists():
-        m = re.search(r"accuracy before GRPO: ([0-9.]+)", (run / "untrained.log").read_text())
-        out.append(f"| untrained | {float(m.group(1)) if m else float('nan'):.3f} | – |")
+        out.append(f"| untrained | {_before_grpo(run / 'untrained.log'):.3f} | – |")
     out += [f"| SFT warm start | {before:.3f} | {no_tool['sft']:.3f} |",
             f"| after {last} GRPO steps | **{evals[-1][1]:.3f}** "
             f"({', '.join(f'{a:.3f}' for _, a in evals)} at steps "
