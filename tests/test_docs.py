@@ -180,13 +180,24 @@ def test_tool_job_figures_are_regenerated_from_the_committed_run(run, block, rea
 
 def test_gemma3_run_figures_are_regenerated_from_the_committed_run() -> None:
     """docs/results/gemma3/README.md's table is what `tools/main_job_figures.py` prints from
-    the Gemma 3 270M run's committed raw files."""
+    the Gemma 3 270M run's committed raw files (and the superseded attempt's)."""
+    import re
     import subprocess
 
-    out = subprocess.run([sys.executable, "-m", "tools.main_job_figures", "docs/results/gemma3",
-                          "--untrained", "docs/results/gemma3/eval_untrained.json", "--lengths"],
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
-    assert out in (ROOT / "docs" / "results" / "gemma3" / "README.md").read_text()
+    d = "docs/results/gemma3"
+    page = (ROOT / d / "README.md").read_text()
+    for run, extra in ((d, ["--paired", f"{d}/eval_paired_initial.json",
+                            f"{d}/eval_paired_48.json"]), (f"{d}/attempt2_sft128", [])):
+        out = subprocess.run([sys.executable, "-m", "tools.main_job_figures", run, "--untrained",
+                              f"{d}/eval_untrained.json", "--lengths", *extra],
+                             capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+        assert out in page, run
+    # the README's row quotes the run's held-out figures
+    before, after = re.search(r"held-out greedy accuracy \| ([\d.]+) \| \*\*([\d.]+)\*\*",
+                              page).groups()
+    row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+               if ln.startswith("| Gemma 3 270M"))
+    assert f"{float(before):.2f} (SFT) → **{float(after):.2f}**" in row, row
 
 
 def test_every_readme_result_row_names_the_command_that_regenerates_it() -> None:

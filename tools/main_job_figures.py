@@ -2,7 +2,9 @@
 
     python -m tools.main_job_figures docs/results/tiny_cpu
     python -m tools.main_job_figures docs/results/gemma3 --untrained \
-        docs/results/gemma3/eval_untrained.json --lengths      # the Gemma 3 270M run
+        docs/results/gemma3/eval_untrained.json --lengths \
+        --paired docs/results/gemma3/eval_paired_initial.json \
+        docs/results/gemma3/eval_paired_48.json                # the Gemma 3 270M run
 
 reads `<dir>/metrics.jsonl` and `<dir>/eval_initial.json` (what `sagc-jax train --config
 configs/tiny_cpu.yaml` writes in its run dir; the committed copies sit in docs/results/tiny_cpu)
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -45,10 +48,27 @@ def _length_rows(rows: list[dict[str, Any]]) -> list[str]:
             f"| {m('truncated_frac', last):.3f} |"]
 
 
-def figures(run_dir: Path, untrained: Path | None = None, lengths: bool = False) -> str:
+def paired_row(before: Path, after: Path) -> str:
+    """The problems whose greedy answer changed between two `sagc-jax eval --out` JSONs of the
+    same problems (per_prompt, in the same order), with the two-sided sign (binomial) test's p
+    of as uneven a split under "no change in accuracy"."""
+    a, b = (json.loads(p.read_text())["per_prompt"] for p in (before, after))
+    if [x["prompt"] for x in a] != [x["prompt"] for x in b]:
+        raise ValueError(f"{before} and {after} hold different problems")
+    up = sum(not x["greedy_correct"] and y["greedy_correct"] for x, y in zip(a, b))
+    down = sum(x["greedy_correct"] and not y["greedy_correct"] for x, y in zip(a, b))
+    n = up + down
+    p = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n)
+    return (f"| problems whose greedy answer changed (same {len(a)}, paired) | – | "
+            f"**{up}** wrong → right, {down} right → wrong (sign test p = {p:.3f}) |")
+
+
+def figures(run_dir: Path, untrained: Path | None = None, lengths: bool = False,
+            paired: tuple[Path, Path] | None = None) -> str:
     """The page's table; `untrained`: an eval JSON (`sagc-jax eval --out`, or a run's
     `eval_initial.json`) of the model before any training, shown as its own row; `lengths`:
-    rows for completion length and cap hits."""
+    rows for completion length and cap hits; `paired`: two per-prompt eval JSONs (before,
+    after) for `paired_row`."""
     rows = _jsonl(run_dir / "metrics.jsonl")
     before = json.loads((run_dir / "eval_initial.json").read_text())["eval_accuracy"]
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
@@ -77,6 +97,7 @@ def figures(run_dir: Path, untrained: Path | None = None, lengths: bool = False)
         f"| train-step token utilisation (`train_token_util`, packed) | – | "
         f"{sum(util) / max(len(util), 1):.2f} |",
         *(_length_rows(rows) if lengths else []),
+        *([paired_row(*paired)] if paired else []),
     ])
 
 
@@ -85,8 +106,10 @@ def main() -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--untrained", type=Path, help="eval JSON of the model before any training")
     p.add_argument("--lengths", action="store_true", help="add completion-length rows")
+    p.add_argument("--paired", type=Path, nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="two `sagc-jax eval --out` JSONs of the same problems")
     a = p.parse_args()
-    print(figures(a.run_dir, a.untrained, a.lengths))
+    print(figures(a.run_dir, a.untrained, a.lengths, a.paired))
 
 
 if __name__ == "__main__":
