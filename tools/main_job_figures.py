@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from scipy.stats import binomtest
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -57,8 +58,7 @@ def paired_row(before: Path, after: Path) -> str:
         raise ValueError(f"{before} and {after} hold different problems")
     up = sum(not x["greedy_correct"] and y["greedy_correct"] for x, y in zip(a, b))
     down = sum(x["greedy_correct"] and not y["greedy_correct"] for x, y in zip(a, b))
-    n = up + down
-    p = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n)
+    p = binomtest(up, up + down).pvalue if up + down else 1.0
     return (f"| problems whose greedy answer changed (same {len(a)}, paired) | – | "
             f"**{up}** wrong → right, {down} right → wrong (sign test p = {p:.3f}) |")
 
