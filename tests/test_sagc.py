@@ -238,8 +238,8 @@ def test_no_feasible_g_holds_smallest_and_says_so():
     pol, tr = _run_sagc(sim)
     assert (tr["group_size"][10:] == 4).all()
     assert (tr["reason"][10:] == "no_feasible").all()
-    assert pol.last_info["reason"] == "no_feasible"
-    assert all(r > sim.sagc.delta for r in pol.last_info["risk"])
+    assert pol.last_reason == "no_feasible"
+    assert all(r > sim.sagc.delta for r in pol.last_choice.risk)
 
 
 def test_same_seed_same_decisions_and_state():
@@ -307,10 +307,11 @@ def test_pure_functions_do_not_mutate_state():
         for k in sub:
             np.testing.assert_array_equal(sub[k], as_dict(snap)[m][k])
     assert int(new.decision.step) == 1
-    g, info = choose(cfg, st)
-    assert g == 8 and info["reason"] == "warmup"
-    for key in ("risk", "cost", "benefit", "J", "score", "queue", "feasible"):
-        assert key in info
+    info = choose(cfg, st)
+    g = info.g
+    assert g == 8 and info.reason == "warmup"
+    assert all(len(getattr(info, k)) == len(cfg.group_sizes)
+               for k in ("risk", "cost", "benefit", "j", "score", "feasible"))
 
 
 def test_static_policy_metrics_and_factory():
@@ -393,13 +394,14 @@ def test_smallest_rung_is_judged_on_its_mean_risk():
         state = with_fields(state, "risk", a=np.array([9.0, 30.0, 60.0]),
                             b=np.array([91.0, 70.0, 40.0]))
         with override_constants(floor_on_mean=floor):
-            g, info = choose(cfg, state)
-            assert info["risk"][0] > cfg.delta  # the quantile alone: nothing feasible
-            assert info["reason"] == reason and info["feasible"][0] is floor
+            info = choose(cfg, state)
+            g = info.g
+            assert info.risk[0] > cfg.delta  # the quantile alone: nothing feasible
+            assert info.reason == reason and bool(info.feasible[0]) is floor
             assert g in ((4, 8) if floor else (4,))
             # A floor whose mean risk is above delta is held either way.
             state.risk.a[0], state.risk.b[0] = 15.0, 85.0
-            assert choose(cfg, state)[1]["reason"] == "no_feasible"
+            assert choose(cfg, state).reason == "no_feasible"
 
 
 def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
@@ -410,14 +412,14 @@ def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
         pol, _ = _run_sagc(sim)
         assert float(pol.state.budget.credit) == pytest.approx(1.0)
         assert float(pol.state.budget.queue) == 0.0
-        _, info = choose(sim.sagc, pol.state)
+        info = choose(sim.sagc, pol.state)
     # The credit horizon is 3 x half_life.
-    assert info["risk_cap"] == pytest.approx(sim.sagc.delta + 1.0 / 150.0)
+    assert info.risk_cap == pytest.approx(sim.sagc.delta + 1.0 / 150.0)
     # Switched off: the queue only counts debt, and the cap is delta.
     with override_constants(credit_cap=0.0):
         pol0, _ = _run_sagc(_sim(30, wl))
         assert float(pol0.state.budget.credit) == 0.0
-        assert choose(pol0.cfg, pol0.state)[1]["risk_cap"] == pytest.approx(0.1)
+        assert choose(pol0.cfg, pol0.state).risk_cap == pytest.approx(0.1)
 
 
 def test_benefit_rate_projects_the_current_regime_to_the_horizon():
@@ -617,7 +619,7 @@ def test_a_detected_change_restarts_the_length_trend():
     pol = sagc_policy(sim)
     for t in range(sim.steps):
         pol.choose()
-        pol.observe(run_step(sim, sim.workload.draw(t), pol.last_info["g"])[0])
+        pol.observe(run_step(sim, sim.workload.draw(t), pol.last_choice.g)[0])
         if t == 79:
             assert length_trend(pol.state.length) == 0.0  # flat lengths: no trend
     assert int(pol.state.change.changes) >= 1

@@ -85,7 +85,7 @@ def test_enabled_false_holds_initial_group_size():
     for _ in range(3):
         assert pol.choose() == 12
         pol.observe(_obs(np.full(24, 10), 12))
-    assert int(pol.state.decision.step) == 3 and pol.last_info["reason"] == "static"
+    assert int(pol.state.decision.step) == 3 and pol.last_reason == "static"
 
 
 def test_group_sizes_and_initial_group_size_shape_and_validate():
@@ -142,10 +142,11 @@ def test_no_budget_by_default_and_a_stated_budget_binds():
     st = observe(free, init_state(free), _obs(ONE_TAIL, 4))
     assert float(st.budget.queue) == 0 == float(st.budget.credit)
     assert float(st.budget.last_rate) == 0.5
-    g, info = choose(free, _decided(free, [0.5, 0.5, 9.5, 14.5], [99.5, 99.5, 90.5, 85.5]))
-    assert all(info["feasible"]) and info["risk_cap"] is None
-    np.testing.assert_allclose(info["score"], free.V * np.array(info["J"]))
-    assert g == free.group_sizes[int(np.argmax(np.where(info["eligible"], info["score"],
+    info = choose(free, _decided(free, [0.5, 0.5, 9.5, 14.5], [99.5, 99.5, 90.5, 85.5]))
+    g = info.g
+    assert all(info.feasible) and info.risk_cap is None
+    np.testing.assert_allclose(info.score, free.V * np.array(info.j))
+    assert g == free.group_sizes[int(np.argmax(np.where(info.eligible, info.score,
                                                         -np.inf)))]
     for bad in (0.0, 1.0):
         with pytest.raises(ConfigError, match=r"^sagc\.delta: must be in \(0, 1\)"):
@@ -161,22 +162,23 @@ def test_no_budget_by_default_and_a_stated_budget_binds():
     # Feasible rungs are those with risk <= delta (no credit): delta moves the cut.
     for delta, n_feasible in ((0.05, 2), (0.2, 4)):
         cfg = SAGCConfig(**GR, delta=delta, risk="mean")
-        _, info = choose(cfg, _decided(cfg, [0.5, 0.5, 9.5, 14.5], [99.5, 99.5, 90.5, 85.5]))
-        assert sum(info["feasible"]) == n_feasible and info["risk_cap"] == delta
+        info = choose(cfg, _decided(cfg, [0.5, 0.5, 9.5, 14.5], [99.5, 99.5, 90.5, 85.5]))
+        assert sum(info.feasible) == n_feasible and info.risk_cap == delta
 
 
 def test_V_weighs_the_objective_against_the_queue():
     cfg1, cfg0 = SAGCConfig(**GR, V=1.0), SAGCConfig(**GR, V=0.0)
     a, b = [0.5, 1.5, 2.5, 3.5], [99.5, 98.5, 97.5, 96.5]  # all feasible, risk rising with g
     for cfg in (cfg1, cfg0):
-        g, info = choose(cfg, _decided(cfg, a, b, queue=2.0))
-        want = cfg.V * np.array(info["J"]) - 2.0 * np.array(info["risk"])
-        np.testing.assert_allclose(info["score"], want)
-        assert g == cfg.group_sizes[int(np.argmax(np.where(info["eligible"], want, -np.inf)))]
+        info = choose(cfg, _decided(cfg, a, b, queue=2.0))
+        g = info.g
+        want = cfg.V * np.array(info.j) - 2.0 * np.array(info.risk)
+        np.testing.assert_allclose(info.score, want)
+        assert g == cfg.group_sizes[int(np.argmax(np.where(info.eligible, want, -np.inf)))]
     # V = 0: the queue alone decides (the least risky rung); V = 1 with Q = 0: the objective
     # (flat cost: the largest rung has u = 0, the rest < 0).
-    assert choose(cfg0, _decided(cfg0, a, b, queue=2.0))[0] == 4
-    assert choose(cfg1, _decided(cfg1, a, b, queue=0.0))[0] == 16
+    assert choose(cfg0, _decided(cfg0, a, b, queue=2.0)).g == 4
+    assert choose(cfg1, _decided(cfg1, a, b, queue=0.0)).g == 16
 
 
 def test_half_life_sets_every_memory():
@@ -197,7 +199,7 @@ def test_half_life_sets_every_memory():
         # The credit horizon is 3 x half_life.
         st2 = _decided(cfg, [0.5] * 4, [99.5] * 4)
         st2 = with_fields(st2, "budget", credit=np.array(6.0))
-        assert choose(cfg, st2)[1]["risk_cap"] == pytest.approx(cfg.delta + 6.0 / (3 * hl))
+        assert choose(cfg, st2).risk_cap == pytest.approx(cfg.delta + 6.0 / (3 * hl))
 
 
 def test_risk_quantile_is_above_the_mean_and_changes_the_choice():
@@ -207,7 +209,7 @@ def test_risk_quantile_is_above_the_mean_and_changes_the_choice():
         cfg = SAGCConfig(**GRB, risk=risk)
         st = _decided(cfg, a, b)
         got[risk] = choose(cfg, st)
-    mean, q90 = np.array(got["mean"][1]["risk"]), np.array(got["q90"][1]["risk"])
+    mean, q90 = got["mean"].risk, got["q90"].risk
     assert (q90 >= mean).all() and (q90[2:] > 0.1).all() and (mean[2:] < 0.1).all()
     np.testing.assert_allclose(mean, posterior_risk(SAGCConfig(**GR), _decided(
         SAGCConfig(**GR), a, b), mean=True))
@@ -220,7 +222,7 @@ def test_warmup_steps_hold_the_initial_group_size():
         reasons = []
         for _ in range(warm + 2):
             g = pol.choose()
-            reasons.append(pol.last_info["reason"])
+            reasons.append(pol.last_reason)
             if reasons[-1] == "warmup":
                 assert g == 8
             pol.observe(_obs(np.full(4 * g, 10), g))
@@ -280,10 +282,11 @@ def test_at_most_one_rung_up_per_step_and_unlimited_down():
     cfg = SAGCConfig(**GR)
     assert constants().max_rung_step == 1
     # From the smallest rung, all feasible, the objective wants the largest: one rung up.
-    g, info = choose(cfg, _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0))
-    assert g == 8 and info["reachable"] == [True, True, False, False]
+    info = choose(cfg, _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0))
+    g = info.g
+    assert g == 8 and info.reachable.tolist() == [True, True, False, False]
     # From the largest, only the smallest feasible and a big queue: straight down.
-    g, _ = choose(cfg, _decided(cfg, [0.5, 50, 50, 50], [99.5, 50, 50, 50], queue=50.0))
+    g = choose(cfg, _decided(cfg, [0.5, 50, 50, 50], [99.5, 50, 50, 50], queue=50.0)).g
     assert g == 4
     # Property over a run: consecutive choices never climb more than one rung.
     rng = np.random.default_rng(0)
@@ -305,10 +308,11 @@ def test_hard_filter_only_feasible_rungs_and_the_budget_sharing_one():
     for _ in range(60):
         a = rng.uniform(0.0, 20.0, 4)
         st = _decided(cfg, a, 100.0 - a, g_idx=int(rng.integers(4)), queue=rng.uniform(0, 5))
-        g, info = choose(cfg, st)
-        if info["reason"] != "score":
+        info = choose(cfg, st)
+        g = info.g
+        if info.reason != "score":
             continue
-        feas = np.flatnonzero(info["feasible"])
+        feas = np.flatnonzero(info.feasible)
         allowed = set(feas.tolist()) | {int(feas.max()) + 1}
         assert cfg.group_sizes.index(g) in allowed
 
@@ -321,8 +325,9 @@ def test_queue_does_not_grow_after_a_no_feasible_step():
     # Through observe: the reason recorded by choose decides.
     cfg = SAGCConfig(**GRB)
     st = _decided(cfg, [50.0] * 4, [50.0] * 4, queue=1.0)
-    g, info = choose(cfg, st)
-    assert info["reason"] == "no_feasible" and g == 4
+    info = choose(cfg, st)
+    g = info.g
+    assert info.reason == "no_feasible" and g == 4
     new = observe(cfg, record_choice(st, info), _obs([[10, 10, 10, 30]] * 2, 4))
     assert float(new.budget.queue) == 1.0
 
@@ -405,7 +410,7 @@ def test_constants_patch_in_process():
     with override_constants(cost_ema=0.5, max_rung_step=0) as c:
         assert constants() is c and c.cost_ema == 0.5
         cfg = SAGCConfig(**GR)
-        g, _ = choose(cfg, _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0))
+        g = choose(cfg, _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0)).g
         assert g == 16  # unlimited moves up
     assert constants().cost_ema == 0.3 and constants().max_rung_step == 1
 
@@ -416,9 +421,11 @@ def test_constants_passed_in_equal_the_patched_global():
     cfg = SAGCConfig(**GR)
     free = dataclasses.replace(CONSTANTS, max_rung_step=0)
     st = _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0)
-    assert choose(cfg, st)[0] == 8 and choose(cfg, st, free)[0] == 16
+    assert choose(cfg, st).g == 8 and choose(cfg, st, free).g == 16
     with override_constants(max_rung_step=0):
-        assert choose(cfg, st)[1] == choose(cfg, st, free)[1]
+        patched, passed = choose(cfg, st), choose(cfg, st, free)
+        for a, b in zip(patched, passed):
+            np.testing.assert_array_equal(a, b)
     small = dataclasses.replace(CONSTANTS, window_rows_min=64, window_groups=8, change_window=4)
     st = init_state(cfg, consts=small)
     assert st.length.eps_ring.shape == (64,) and st.risk.hist_a.shape == (4, 4)

@@ -41,10 +41,10 @@ def replay(run: Path, sets: dict[str, object]) -> list[dict]:
         for logged in logged_observations(run, sagc, cfg.sampling.decode_chunk):
             m, obs = logged.metrics, logged.observation
             choice = pol.choose()
-            info = pol.last_info or {}
+            last = pol.last_choice
             g, n, steps = obs.group_size, obs.rows, obs.decode_steps
             real = tm.prefill_s(n) + steps * tm.decode_step_s(n)
-            pred = dict(zip(sagc.group_sizes, info.get("cost", [np.nan] * 3)))
+            pred = dict(zip(sagc.group_sizes, last.cost.tolist())) if last else {}
             out.append({"step": m["step"], "g": g, "choice": choice, "pred_s": pred.get(g),
                         "real_s": real, "decode_steps": steps,
                         "exp_steps": dict(zip(sagc.group_sizes,

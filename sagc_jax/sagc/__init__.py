@@ -4,6 +4,7 @@ offline simulator. See docs/sagc.md."""
 from sagc_jax.config.sagc import SAGCConfig
 from sagc_jax.sagc.controller import (
     REASONS,
+    Choice,
     State,
     choose,
     init_state,
@@ -40,6 +41,7 @@ __all__ = [
     "Benefit",
     "Budget",
     "Change",
+    "Choice",
     "Cost",
     "Decision",
     "Length",

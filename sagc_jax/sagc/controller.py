@@ -14,7 +14,7 @@ docs/sagc.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,6 +54,30 @@ from sagc_jax.sagc.updates import (
 )
 
 _SALT_OBSERVE = 0x5A6C
+
+
+class Choice(NamedTuple):
+    """One decision of ``choose`` and why: the chosen ``g`` and ``reason`` (one of ``REASONS``),
+    then per rung (arrays [len(group_sizes)]) the posterior straggler ``risk`` (probability),
+    predicted ``cost`` (s a step), ``benefit`` (informative groups a step), utility ``j``
+    (dimensionless), ``score`` and the ``feasible`` / ``reachable`` / ``eligible`` masks; the
+    budget's virtual ``queue``, the per-step ``risk_cap`` (None without a budget) and the
+    Dinkelbach ``benefit_rate`` (benefit per s)."""
+
+    g: int
+    reason: str
+    group_sizes: tuple[int, ...]
+    risk: np.ndarray
+    cost: np.ndarray
+    benefit: np.ndarray
+    j: np.ndarray
+    score: np.ndarray
+    queue: float
+    risk_cap: float | None
+    benefit_rate: float
+    feasible: np.ndarray
+    reachable: np.ndarray
+    eligible: np.ndarray
 
 
 def observe(
@@ -123,8 +147,8 @@ def observe(
 
 def choose(
     cfg: SAGCConfig, state: State, consts: SAGCConstants | None = None
-) -> tuple[int, dict[str, Any]]:
-    """Next group size and diagnostics. Pure and deterministic (no randomness).
+) -> Choice:
+    """Next group size (``.g``) with its diagnostics, a ``Choice``. Pure and deterministic.
 
     score(g) = V * u(g) - Q * risk(g) with u(g) = (benefit - λ·cost) / max benefit (benefit/s
     over the run is a ratio of sums: a step adds benefit - λ·seconds to it, Dinkelbach; scaled
@@ -180,30 +204,19 @@ def choose(
                 np.flatnonzero(feasible)[np.argmin(np.abs(np.flatnonzero(feasible) - cur))]
             )
             idx, reason = cur + int(np.clip(target - cur, -n, step)), "toward_feasible"
-    info = {
-        "g": int(sizes[idx]),
-        "reason": reason,
-        "group_sizes": sizes.tolist(),
-        "risk": risk.tolist(),
-        "cost": cost.tolist(),
-        "benefit": benefit.tolist(),
-        "J": j.tolist(),
-        "score": score.tolist(),
-        "queue": q,
-        "risk_cap": None if cfg.delta is None else cap,
-        "benefit_rate": lam_rate,
-        "feasible": feasible.tolist(),
-        "reachable": reach.tolist(),
-        "eligible": eligible.tolist(),
-    }
-    return int(sizes[idx]), info
+    return Choice(
+        g=int(sizes[idx]), reason=reason, group_sizes=tuple(sizes.tolist()), risk=risk,
+        cost=cost, benefit=benefit, j=j, score=score, queue=q,
+        risk_cap=None if cfg.delta is None else float(cap), benefit_rate=float(lam_rate),
+        feasible=feasible, reachable=reach, eligible=eligible,
+    )
 
 
-def record_choice(state: State, info: dict[str, Any]) -> State:
+def record_choice(state: State, choice: Choice) -> State:
     """Store the last decision's diagnostics in the state (pure)."""
     dec = state.decision._replace(
-        last_choice=np.array(info["group_sizes"].index(info["g"]), np.int64),
-        last_reason=np.array(REASONS.index(info["reason"]), np.int64),
-        last_score=np.asarray(info["score"], np.float64),
+        last_choice=np.array(choice.group_sizes.index(choice.g), np.int64),
+        last_reason=np.array(REASONS.index(choice.reason), np.int64),
+        last_score=np.asarray(choice.score, np.float64),
     )
     return state._replace(decision=dec)

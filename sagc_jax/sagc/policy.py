@@ -16,6 +16,7 @@ import numpy as np
 from sagc_jax.config.sagc_constants import SAGCConstants
 from sagc_jax.sagc.controller import (
     REASONS,
+    Choice,
     SAGCConfig,
     State,
     choose,
@@ -42,13 +43,17 @@ class SAGCPolicy:
         self.cfg = cfg.validate()
         self.consts = consts
         self.state: State = init_state(cfg, horizon=horizon, seed=seed, consts=consts)
-        self.last_info: dict[str, Any] | None = None
+        self.last_choice: Choice | None = None  # the last decision with its diagnostics
+
+    @property
+    def last_reason(self) -> str:
+        """Why the last ``choose`` picked its g (one of ``REASONS``; "init" before any)."""
+        return REASONS[int(self.state.decision.last_reason)]
 
     def choose(self) -> int:
-        g, info = choose(self.cfg, self.state, self.consts)
-        self.state = record_choice(self.state, info)
-        self.last_info = info
-        return g
+        self.last_choice = choose(self.cfg, self.state, self.consts)
+        self.state = record_choice(self.state, self.last_choice)
+        return self.last_choice.g
 
     def observe(self, obs: Observation) -> dict[str, Any]:
         self.state = observe(self.cfg, self.state, obs, self.consts)
@@ -56,7 +61,7 @@ class SAGCPolicy:
         metrics: dict[str, Any] = {
             "straggler_rate": float(self.state.budget.last_rate),
             "sagc_queue": float(self.state.budget.queue),
-            "sagc_reason": REASONS[int(self.state.decision.last_reason)],
+            "sagc_reason": self.last_reason,
         }
         for g, r in zip(self.cfg.group_sizes, risk):
             metrics[f"risk_g{g}"] = float(r)
@@ -75,10 +80,10 @@ class StaticPolicy:
         self.cfg = cfg.validate()
         self.consts = consts
         self.state: State = init_state(cfg, horizon=horizon, seed=seed, consts=consts)
-        self.last_info: dict[str, Any] | None = None
+        self.last_reason = "init"  # "static" once it has chosen
 
     def choose(self) -> int:
-        self.last_info = {"g": self.cfg.initial_group_size, "reason": "static"}
+        self.last_reason = "static"
         return self.cfg.initial_group_size
 
     def observe(self, obs: Observation) -> dict[str, Any]:

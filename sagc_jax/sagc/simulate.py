@@ -335,7 +335,7 @@ def run_policies(
             tr["straggler_rate"].append(m["straggler_rate"])
             tr["step_s"].append(sec)
             tr["benefit"].append(ben)
-            tr["reason"].append((pol.last_info or {}).get("reason", ""))
+            tr["reason"].append(pol.last_reason)
     return {n: {k: np.asarray(v) for k, v in d.items()} for n, d in traj.items()}
 
 
