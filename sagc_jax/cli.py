@@ -118,7 +118,7 @@ def _writable_file(path: str) -> str | None:
 
 
 def _simulate(argv: list[str]) -> int:
-    from sagc_jax.sagc.simulate import simulate_main
+    from sagc_jax.sagc.simulate_cli import simulate_main
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--out")

@@ -351,7 +351,7 @@ def test_removed_keys_are_one_line_errors_saying_what_they_became(tmp_path):
     path.write_text("sagc:\n  delta: 0.1\n  credit_cap: 50.0\n")
     with pytest.raises(ConfigError, match=r"^sagc\.credit_cap: removed .*credit_cap = 100\.0"):
         load_config(path)
-    from sagc_jax.sagc.simulate import simulate_main
+    from sagc_jax.sagc.simulate_cli import simulate_main
 
     err = io.StringIO()
     with redirect_stderr(err):

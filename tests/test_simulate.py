@@ -16,8 +16,8 @@ from sagc_jax.sagc.simulate import (
     load_sim_config,
     parse_sim_config,
     run_step,
-    simulate_main,
 )
+from sagc_jax.sagc.simulate_cli import simulate_main
 from sagc_jax.sagc.timing import time_model_from_dict
 
 SMALL = {

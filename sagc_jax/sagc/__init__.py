@@ -71,6 +71,6 @@ __all__ = [
 
 def simulate_main(argv: list[str]) -> int:
     """``sagc-jax simulate`` entry point (imported lazily: pulls in matplotlib only if plotting)."""
-    from sagc_jax.sagc.simulate import simulate_main as _main
+    from sagc_jax.sagc.simulate_cli import simulate_main as _main
 
     return _main(argv)
