@@ -114,7 +114,7 @@ def test_cached_only_without_a_complete_variant_seed_gives_the_main_table(tmp_pa
 def test_suite_diff_sets_sagc_before_and_after_and_refuses_other_workloads(tmp_path, capsys):
     """tools/sagc_suite_diff.py: after / before is SAGC's pooled benefit/s ratio, a variant of
     the second suite is read against the first suite's SAGC, and two suites over different
-    workloads are refused in one line (exit 2)."""
+    workloads are refused in one line (exit 2), or with --common compared where both hold."""
     import json
 
     from tools import sagc_suite_diff
@@ -136,3 +136,10 @@ def test_suite_diff_sets_sagc_before_and_after_and_refuses_other_workloads(tmp_p
     other.write_text(json.dumps({"workloads": {"bimodal": suite(1.0, 8.0)["workloads"]["drift"]}}))
     assert sagc_suite_diff.main([str(before), str(other)]) == 2
     assert "workloads differ: ['bimodal', 'drift']" in capsys.readouterr().err
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"workloads": {**suite(1.02, 9.5)["workloads"],
+                                              **json.loads(other.read_text())["workloads"]}}))
+    assert sagc_suite_diff.main([str(before), str(both), "--common"]) == 0
+    out = capsys.readouterr().out
+    assert "| drift | static-4 | 1.000 | 1.020 | 1.0200 | 8.00 -> 9.50 |" in out
+    assert "| bimodal" not in out and "In one suite only (not compared): bimodal" in out
