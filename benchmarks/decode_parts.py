@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from sagc_jax.models.decode import decode_attention
-from sagc_jax.sampling.sampler import sample_step
+from sagc_jax.sampling.draw import sample_step
 
 P, G, H, L, N, K, D, I, V, M = 8, 16, 256, 4, 8, 2, 32, 704, 4096, 128
 R = P * G

@@ -22,7 +22,7 @@ from sagc_jax.models.decode import decode_weights
 from sagc_jax.models.hf import from_pretrained
 from sagc_jax.parallel import make_mesh
 from sagc_jax.sampling import Sampler, SamplingConfig, compile_count
-from sagc_jax.sampling.sampler import categorical_icdf, token_logprob
+from sagc_jax.sampling.draw import categorical_icdf, token_logprob
 
 VOCAB, PAD, N_NEW = 128, 0, 12
 # Different lengths; the first three fit the 8-token bucket, the last needs the 24 one.

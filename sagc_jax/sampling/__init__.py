@@ -2,7 +2,8 @@
 
 from sagc_jax.sampling.buckets import SamplingConfig, Shape, declared_shapes, prompt_bucket_for
 from sagc_jax.sampling.compile_counter import compile_count
-from sagc_jax.sampling.sampler import SampleOutput, Sampler, SampleStats, sample_step
+from sagc_jax.sampling.draw import sample_step
+from sagc_jax.sampling.sampler import SampleOutput, Sampler, SampleStats
 
 __all__ = [
     "SampleOutput",

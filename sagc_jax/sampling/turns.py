@@ -50,7 +50,8 @@ from sagc_jax.models.decode import (
 from sagc_jax.models.llama import Transformer
 from sagc_jax.sampling.buckets import SamplingConfig
 from sagc_jax.sampling.compile_counter import compile_count
-from sagc_jax.sampling.sampler import Params, Sampler, sample_step
+from sagc_jax.sampling.draw import sample_step
+from sagc_jax.sampling.sampler import Params, Sampler
 
 
 class EpisodeState(NamedTuple):
