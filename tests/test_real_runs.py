@@ -29,15 +29,17 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def replay(run_dir: Path) -> tuple[list[int], list[dict], list[dict]]:
+def replay(run_dir: Path, memories: dict = sc.ROW_MEMORIES
+           ) -> tuple[list[int], list[dict], list[dict]]:
     """(the G the controller chooses at every step, the metrics it returns, the logged rows),
     feeding it each logged step as the trainer does (`observation_from` with timing: model),
-    under the constants that ran (the length model's memories were rows then: ROW_MEMORIES)."""
+    under the constants that ran (`memories`: the length model's were rows until 2026-12-05,
+    ROW_MEMORIES; {} for today's)."""
     # The 16-step runs predate the issue-32 rewrite: load_saved_config migrates their sagc
     # section (every removed key held the value that is now a constant).
     cfg = load_saved_config(run_dir / "config.yaml")
     assert cfg.sagc.timing == "model"
-    consts = dataclasses.replace(sc.CONSTANTS, **sc.ROW_MEMORIES)
+    consts = dataclasses.replace(sc.CONSTANTS, **memories)
     policy = make_policy(cfg.sagc, horizon=cfg.run.steps, consts=consts)
     chosen, out, metrics = [], [], []
     for logged in logged_observations(run_dir, cfg.sagc, cfg.sampling.decode_chunk):
@@ -64,6 +66,27 @@ def test_real_sagc_run_decisions_replay_exactly(run_dir):
     assert chosen == [m["group_size"] for m in metrics]
     for o, m in zip(out, metrics):
         for k in ("straggler_rate", "sagc_queue", "risk_g4", "risk_g8", "risk_g16"):
+            assert o[k] == pytest.approx(m[k], rel=1e-9, abs=1e-12), (m["step"], k)
+        assert o["sagc_reason"] == m["sagc_reason"]
+
+
+#: Issue 49's real SAGC runs (docs/results/sagc_real/): the first arith1 one with the memories in
+#: rows, every later one with today's controller.
+SAGC_REAL = RUNS.parents[1] / "sagc_real"
+ISSUE49_RUNS = [(SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", sc.ROW_MEMORIES),
+                *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*")))]
+
+
+@pytest.mark.parametrize("run_dir,memories", ISSUE49_RUNS,
+                         ids=lambda x: "/".join(x.parts[-3:]) if isinstance(x, Path) else "")
+def test_issue49_sagc_runs_replay_exactly(run_dir, memories):
+    """Every committed 48-step SAGC run of the held-out experiment: its logged observations give
+    the G it ran at every step, with its logged risks and reasons, under the constants it ran
+    with (a controller change that moves them must pin those constants, as ROW_MEMORIES)."""
+    chosen, out, metrics = replay(run_dir, memories)
+    assert len(chosen) == 48 and chosen == [m["group_size"] for m in metrics]
+    for o, m in zip(out, metrics):
+        for k in ("straggler_rate", "risk_g4", "risk_g8", "risk_g16"):
             assert o[k] == pytest.approx(m[k], rel=1e-9, abs=1e-12), (m["step"], k)
         assert o["sagc_reason"] == m["sagc_reason"]
 
