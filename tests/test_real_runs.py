@@ -59,34 +59,26 @@ def test_real_run_files_complete(name):
     assert all(m["rows"] == 16 for m in metrics)
 
 
-@pytest.mark.parametrize("run_dir", [RUNS / "sagc", RUNS_PROMPTS / "sagc"],
-                         ids=["rollouts16", "prompts32"])
-def test_real_sagc_run_decisions_replay_exactly(run_dir):
-    chosen, out, metrics = replay(run_dir)
-    assert chosen == [m["group_size"] for m in metrics]
+#: Every committed real SAGC run, with the constants it ran under: the 16- and 32-step runs
+#: (smollm2/) and the first arith1 run of issue 49 with the memories in rows, every later issue-49
+#: run (docs/results/sagc_real/) with today's controller.
+SAGC_REAL = RUNS.parents[1] / "sagc_real"
+SAGC_RUNS = [(RUNS / "sagc", sc.ROW_MEMORIES), (RUNS_PROMPTS / "sagc", sc.ROW_MEMORIES),
+             (SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", sc.ROW_MEMORIES),
+             *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*")))]
+
+
+@pytest.mark.parametrize("run_dir,memories", SAGC_RUNS,
+                         ids=lambda x: "/".join(x.parts[-3:]) if isinstance(x, Path) else "")
+def test_real_sagc_runs_replay_exactly(run_dir, memories):
+    """A real SAGC run's logged observations give the G it ran at every step, with its logged
+    straggler cost, queue, risks and reasons, under the constants it ran with (a controller
+    change that moves them must pin those constants, as ROW_MEMORIES)."""
+    chosen, out, metrics = replay(run_dir, memories)
+    steps = load_saved_config(run_dir / "config.yaml").run.steps
+    assert len(chosen) == steps and chosen == [m["group_size"] for m in metrics]
     for o, m in zip(out, metrics):
         for k in ("straggler_rate", "sagc_queue", "risk_g4", "risk_g8", "risk_g16"):
-            assert o[k] == pytest.approx(m[k], rel=1e-9, abs=1e-12), (m["step"], k)
-        assert o["sagc_reason"] == m["sagc_reason"]
-
-
-#: Issue 49's real SAGC runs (docs/results/sagc_real/): the first arith1 one with the memories in
-#: rows, every later one with today's controller.
-SAGC_REAL = RUNS.parents[1] / "sagc_real"
-ISSUE49_RUNS = [(SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", sc.ROW_MEMORIES),
-                *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*")))]
-
-
-@pytest.mark.parametrize("run_dir,memories", ISSUE49_RUNS,
-                         ids=lambda x: "/".join(x.parts[-3:]) if isinstance(x, Path) else "")
-def test_issue49_sagc_runs_replay_exactly(run_dir, memories):
-    """Every committed 48-step SAGC run of the held-out experiment: its logged observations give
-    the G it ran at every step, with its logged risks and reasons, under the constants it ran
-    with (a controller change that moves them must pin those constants, as ROW_MEMORIES)."""
-    chosen, out, metrics = replay(run_dir, memories)
-    assert len(chosen) == 48 and chosen == [m["group_size"] for m in metrics]
-    for o, m in zip(out, metrics):
-        for k in ("straggler_rate", "risk_g4", "risk_g8", "risk_g16"):
             assert o[k] == pytest.approx(m[k], rel=1e-9, abs=1e-12), (m["step"], k)
         assert o["sagc_reason"] == m["sagc_reason"]
 

@@ -296,7 +296,7 @@ def test_state_roundtrips_orbax_and_decisions_continue(tmp_path):
 
 
 def test_pure_functions_do_not_mutate_state():
-    cfg = SAGCConfig()
+    cfg = SAGCConfig(initial_group_size=8)  # the G observed below
     st = init_state(cfg)
     snap = copy_state(st)
     sim = _sim(1, {})
@@ -668,3 +668,25 @@ def test_episodes_price_their_decode_steps_and_environment_seconds():
     del saved["cost"]["prefill_s"]
     with pytest.raises(ValueError, match=r"missing \['cost/prefill_s'\]"):
         normalize_state(cfg, saved)
+
+
+def test_measured_clock_prices_smaller_unmeasured_shapes_per_row():
+    """With one shape measured, a larger one is priced flat at its seconds (the optimistic guess
+    on an accelerator) and, on the measured clock, a smaller one in proportion to its rows,
+    floored at cost_floor_frac (the optimistic guess on a CPU): a run started at its largest
+    rung must try the smaller ones. The `model` clock stays flat both ways (nearly exact
+    there)."""
+    meas = SAGCConfig(group_sizes=(4, 12, 16), initial_group_size=16)
+    model = meas.model_copy(update={"timing": "model"})
+    st = init_state(meas)
+    for _ in range(3):
+        st = observe(meas, st, _episode_obs(16, 40))
+    flat, per_row = predicted_cost(model, st), predicted_cost(meas, st)
+    assert per_row[-1] == flat[-1]  # the measured shape: its own seconds
+    # 12 of 16 rows: 0.75 of the seconds; 4 of 16: 0.25, floored at 0.5
+    np.testing.assert_allclose(per_row[:2] / flat[:2], [0.5, 0.75])
+    # Started at 16 on a clock where a row costs its full price, SAGC leaves 16.
+    sim = _sim(40, LIGHT, {"timing": "measured", "initial_group_size": 16, "delta": None},
+               timing={"decode_a": 0.0, "decode_b": 1e-3, "prefill_a": 0.0})
+    _, tr = _run_sagc(sim)
+    assert (tr["group_size"][10:] < 16).mean() > 0.5

@@ -131,7 +131,11 @@ class SAGCConfig(Section):
         "Allowed group sizes (the compiled rungs); strictly increasing, each >= 2 (a group needs "
         "two rollouts to compare).",
     )
-    initial_group_size: Int = field(8, "G at step 0 and during warm-up; one of group_sizes.")
+    initial_group_size: Int | None = field(
+        None,
+        "G at step 0 and during warm-up; one of group_sizes. null (default): the largest, whose "
+        "groups inform every smaller rung (docs/sagc.md, 'The warm-up rung').",
+    )
     straggler: Literal["tail_share", "group_ratio"] = field(
         "tail_share",
         "What delta bounds. tail_share: the mean over groups of (max L - median L) / max L, the "
@@ -208,6 +212,9 @@ class SAGCConfig(Section):
             raise rule_error("group_sizes", "must not be empty")
         if any(b <= a for a, b in itertools.pairwise(gs)):
             raise rule_error("group_sizes", f"must be strictly increasing, got {list(gs)}")
+        if self.initial_group_size is None:
+            # Resolved here so that saved configs, replays and the static policy read one int.
+            object.__setattr__(self, "initial_group_size", gs[-1])
         if self.initial_group_size not in gs:
             raise rule_error(
                 "initial_group_size",

@@ -120,7 +120,8 @@ class SAGCConstants:
     trend_z: float = 3.0
     trend_min_weight: float = 50.0
     # An unmeasured shape's interpolated seconds never go below this fraction of the smallest
-    # measured shape's (`timing: measured`): a noisy negative slope cannot make a shape free.
+    # measured shape's: a noisy negative slope (or, on the measured clock, the per-row guess
+    # below the one shape measured) cannot make a shape free.
     cost_floor_frac: float = 0.5
     # Seed of the controller's Monte-Carlo draws (key (seed, step, salt)); the simulator passes
     # its own seed instead (init_state(cfg, seed=...)), as it always did.

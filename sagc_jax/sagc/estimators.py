@@ -161,14 +161,19 @@ def posterior_risk(
 
 
 def _interp_rows(
-    rows: np.ndarray, measured: np.ndarray, values: np.ndarray, floor_frac: float
+    rows: np.ndarray, measured: np.ndarray, values: np.ndarray, floor_frac: float,
+    per_row_below: bool = False,
 ) -> np.ndarray:
     """Per-shape value: measured EMA where available, else a least-squares line in rows.
 
     0 measured shapes -> NaN (caller substitutes); 1 -> flat (optimistic: the accelerator case;
-    a larger shape gets measured once tried); >=2 -> linear fit, floored at half the smallest
-    measured value (``floor_frac``, the constant cost_floor_frac) so a noisy negative slope
-    cannot make a shape look free.
+    a larger shape gets measured once tried), and with ``per_row_below`` (the measured clock)
+    proportional to rows below the measured shape, floored at ``floor_frac`` of it: the
+    optimistic side there is the CPU's, where a row costs nearly its full price (flat below
+    priced every smaller shape at the measured one's seconds, so a run started at its largest
+    rung never left it); >=2 -> linear fit, floored at ``floor_frac`` (the constant
+    cost_floor_frac) of the smallest measured value so a noisy negative slope cannot make a
+    shape look free.
     """
     out = np.full(len(rows), np.nan)
     if not measured.any():
@@ -178,7 +183,8 @@ def _interp_rows(
         slope, icpt = np.polyfit(xr, yr, 1)
         fit = np.maximum(icpt + slope * rows, floor_frac * yr.min())
     else:
-        fit = np.full(len(rows), yr.mean())
+        share = np.clip(rows / xr[0], floor_frac, 1.0) if per_row_below else np.ones(len(rows))
+        fit = yr.mean() * share
     return np.where(measured, values, fit)
 
 
@@ -191,14 +197,15 @@ def predicted_cost(cfg: Any, state: State, consts: SAGCConstants | None = None) 
     rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
     co = state.cost
     meas = co.measured
-    frac = resolve(consts).cost_floor_frac
-    pre = np.nan_to_num(_interp_rows(rows, meas, co.prefill_s, frac), nan=0.0)
-    dec = np.nan_to_num(_interp_rows(rows, meas, co.decode_step_s, frac), nan=1.0)
+    frac, cpu = resolve(consts).cost_floor_frac, cfg.timing == "measured"
+    pre = np.nan_to_num(_interp_rows(rows, meas, co.prefill_s, frac, cpu), nan=0.0)
+    dec = np.nan_to_num(_interp_rows(rows, meas, co.decode_step_s, frac, cpu), nan=1.0)
     steps = state.length.exp_steps
     if not (steps > 0).all():
         steps = np.full(len(rows), float(max(int(co.max_new_tokens), 1)))
     if (co.env_s > 0).any():  # episodes on the measured clock: environment seconds too
-        return pre + steps * dec + np.nan_to_num(_interp_rows(rows, meas, co.env_s, frac), nan=0.0)
+        env = _interp_rows(rows, meas, co.env_s, frac, cpu)
+        return pre + steps * dec + np.nan_to_num(env, nan=0.0)
     return pre + steps * dec
 
 
