@@ -37,7 +37,9 @@ def test_defaults_validate() -> None:
     assert cfg == Config()
     assert cfg.validate() is cfg
     assert cfg.run.steps == 200 and cfg.run.resume == "auto"
-    assert cfg.sagc.group_sizes == (4, 8, 12, 16) and cfg.sagc.initial_group_size == 16
+    assert cfg.sagc.group_sizes == (4, 8, 12, 16) and cfg.sagc.initial_group_size is None
+    assert cfg.sagc.start_group_size == 16  # null: the largest rung, also after an override
+    assert load_config(None, ["sagc.group_sizes=[4,8]"]).sagc.start_group_size == 8
     assert cfg.sampling.prompt_buckets == (32, 64, 128)
     assert cfg.rewards == (RewardSpec("exact_answer", 1.0),)
     assert cfg.reward_on_error == "raise"

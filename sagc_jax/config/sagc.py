@@ -205,6 +205,13 @@ class SAGCConfig(Section):
                     raise rule_error(str(key), REMOVED_KEYS[key])
         return data
 
+    @property
+    def start_group_size(self) -> int:
+        """G at step 0 and during warm-up: ``initial_group_size``, or the largest rung when it is
+        null (left unresolved in the config itself, so that an override of ``group_sizes``
+        alone moves it too)."""
+        return self.group_sizes[-1] if self.initial_group_size is None else self.initial_group_size
+
     @model_validator(mode="after")
     def _rules(self) -> SAGCConfig:
         gs = self.group_sizes
@@ -212,10 +219,7 @@ class SAGCConfig(Section):
             raise rule_error("group_sizes", "must not be empty")
         if any(b <= a for a, b in itertools.pairwise(gs)):
             raise rule_error("group_sizes", f"must be strictly increasing, got {list(gs)}")
-        if self.initial_group_size is None:
-            # Resolved here so that saved configs, replays and the static policy read one int.
-            object.__setattr__(self, "initial_group_size", gs[-1])
-        if self.initial_group_size not in gs:
+        if self.initial_group_size is not None and self.initial_group_size not in gs:
             raise rule_error(
                 "initial_group_size",
                 f"must be one of sagc.group_sizes {list(gs)}, got {self.initial_group_size}",

@@ -186,7 +186,7 @@ def choose(
     reach = (np.arange(n) - cur) <= step
     eligible = np.zeros(n, bool)  # stays empty when no score decision is made
     if int(dec.step) < cfg.warmup_steps:
-        idx, reason = sizes.tolist().index(cfg.initial_group_size), "warmup"
+        idx, reason = sizes.tolist().index(cfg.start_group_size), "warmup"
     elif not feasible.any():
         idx, reason = 0, "no_feasible"  # the smallest g, held
     else:

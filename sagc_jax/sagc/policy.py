@@ -84,7 +84,7 @@ class StaticPolicy:
 
     def choose(self) -> int:
         self.last_reason = "static"
-        return self.cfg.initial_group_size
+        return self.cfg.start_group_size
 
     def observe(self, obs: Observation) -> dict[str, Any]:
         rate = step_straggler_rate(self.cfg, obs, self.consts)

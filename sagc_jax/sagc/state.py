@@ -153,7 +153,7 @@ def init_state(
         decision=Decision(
             step=i64(0), seed=i64(c.seed if seed is None else seed),
             horizon=i64(0 if horizon is None else horizon),
-            g_idx=i64(cfg.group_sizes.index(cfg.initial_group_size)),
+            g_idx=i64(cfg.group_sizes.index(cfg.start_group_size)),
             last_reason=i64(0), last_choice=i64(-1), last_score=np.zeros(k, f64),
         ),
         budget=Budget(queue=np.array(0.0, f64), credit=np.array(0.0, f64),
