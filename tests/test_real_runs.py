@@ -29,8 +29,7 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def replay(run_dir: Path, memories: dict = sc.ROW_MEMORIES
-           ) -> tuple[list[int], list[dict], list[dict]]:
+def replay(run_dir: Path, memories: dict) -> tuple[list[int], list[dict], list[dict]]:
     """(the G the controller chooses at every step, the metrics it returns, the logged rows),
     feeding it each logged step as the trainer does (`observation_from` with timing: model),
     under the constants that ran (`memories`: the length model's were rows until 2026-12-05,
@@ -61,11 +60,14 @@ def test_real_run_files_complete(name):
 
 #: Every committed real SAGC run, with the constants it ran under: the 16- and 32-step runs
 #: (smollm2/) and the first arith1 run of issue 49 with the memories in rows, every later issue-49
-#: run (docs/results/sagc_real/) with today's controller.
+#: run (docs/results/sagc_real/, and sagc_real_init16/ with the warm-up at the largest rung)
+#: with today's controller.
 SAGC_REAL = RUNS.parents[1] / "sagc_real"
+SAGC_INIT16 = SAGC_REAL.parent / "sagc_real_init16"
 SAGC_RUNS = [(RUNS / "sagc", sc.ROW_MEMORIES), (RUNS_PROMPTS / "sagc", sc.ROW_MEMORIES),
              (SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", sc.ROW_MEMORIES),
-             *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*")))]
+             *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))),
+             *((d, {}) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*")))]
 
 
 @pytest.mark.parametrize("run_dir,memories", SAGC_RUNS,
@@ -81,6 +83,22 @@ def test_real_sagc_runs_replay_exactly(run_dir, memories):
         for k in ("straggler_rate", "sagc_queue", "risk_g4", "risk_g8", "risk_g16"):
             assert o[k] == pytest.approx(m[k], rel=1e-9, abs=1e-12), (m["step"], k)
         assert o["sagc_reason"] == m["sagc_reason"]
+
+
+def test_sagc_run_is_the_static16_run_while_it_chooses_16():
+    """Same seed and same G give the same rollouts: the SAGC run warmed up at the largest rung
+    equals static-16's run of its seed step for step (loss, rewards, lengths) for as long as it
+    chose 16 (22 steps, as replaying the static run predicted), and then chose 8."""
+    def rows(d: Path) -> list[dict]:
+        return [m for m in _jsonl(d / "metrics.jsonl") if "group_size" in m]
+    sagc = rows(SAGC_INIT16 / "arith1/sagc-model-s0")
+    static = rows(SAGC_REAL / "arith1/static-16-s0")
+    same = [m["group_size"] == 16 for m in sagc].index(False)
+    assert same == 22 and sagc[same]["group_size"] == 8
+    for a, b in zip(sagc[:same], static[:same]):
+        assert [a[k] for k in ("loss", "reward_mean", "len_mean")] == \
+            [b[k] for k in ("loss", "reward_mean", "len_mean")]
+    assert sagc[same]["loss"] != static[same]["loss"]
 
 
 def test_real_prompts_run_moves_g_within_the_budget():
