@@ -291,6 +291,7 @@ def test_accuracy_curves_budget_target_and_se():
         mean_se,
         summarize_curves,
         time_to_accuracy,
+        time_to_target_stat,
     )
 
     pts = curve({0: 0.4, 2: 0.5, 4: 0.7}, [1.0, 3.0, 6.0, 10.0], [1, 2, 3, 4])
@@ -310,6 +311,14 @@ def test_accuracy_curves_budget_target_and_se():
     assert summ["target"] == pytest.approx(0.64)
     assert summ["policies"]["fast"]["time_to_target_s"]["mean"] == 10.0
     assert summ["policies"]["slow"]["time_to_target_s"]["mean"] == 20.0
+    # A seed that never reaches the target counts at its final clock (censored): dropping it
+    # would make the policy with more failing seeds look faster.
+    never = [CurvePoint(0, 0.0, 0.4), CurvePoint(2, 30.0, 0.5)]
+    st2 = summarize_curves({"model": {"p": {0: pts, 1: never}}}, target=0.64,
+                           budgets={"model": 10.0})["model"]["policies"]["p"]["time_to_target_s"]
+    assert (st2["mean"], st2["n"], st2["of"], st2["censored"]) == (20.0, 2, 2, 1)
+    assert time_to_target_stat({0: pts}, 0.64).censored == 0
+    assert time_to_target_stat({0: pts}, None).n == 0
     # SAGC that decided on one clock is read on that clock only; static G and plain sagc on both.
     both = summarize_curves({c: {"static-4": {0: pts}, "sagc-model": {0: pts},
                                  "sagc-measured": {0: slow}} for c in ("model", "measured")})
@@ -449,3 +458,10 @@ def test_issue49_verdict_reads_sagc_against_the_best_static_per_clock():
     assert model.count("yes (") == 4 and "static-16" in model  # 0.87 >= 0.88 - 0.02; 84 <= 84.7
     measured = next(ln for ln in text.splitlines() if ln.startswith("| `measured`"))
     assert measured.count("**no**") == 3 and "yes (vs static-16 0.500)" in measured
+    # A censored SAGC mean (a seed ran out of clock first) is a lower bound: never a "yes",
+    # however small; the cell says so with "≥".
+    summary["model"]["policies"]["sagc-model"]["time_to_target_s"] |= {"mean": 70,
+                                                                        "censored": 1}
+    model = next(ln for ln in "\n".join(verdict_md(summary)).splitlines()
+                 if ln.startswith("| `model`"))
+    assert "**no** (≥ 70 s vs static-16 77 s)" in model and model.count("yes (") == 3
