@@ -8,6 +8,9 @@
 #                                        # one continues from its newest checkpoint)
 #   COLLECT=1 bash benchmarks/sagc_real.sh  # copy finished runs' raw files to docs/results/sagc_real/
 #                                        # (the training loop also does it after every run)
+#   EXTRA="sagc.time_model.decode_a=..." DEST=docs/results/sagc_real_cpuclock OUT=runs/sagc49cpu \
+#     POLICIES=sagc-model bash benchmarks/sagc_real.sh   # a cell on another clock: overrides
+#                                        # added to every run, collected into DEST/<mix>/
 #
 # Hours of CPU per mix (about 20-60 min a run on 2 cores, more under load); run at `nice` so a
 # shared machine stays usable: the `model` clock does not depend on the load, and every step
@@ -19,7 +22,10 @@ OUT=${OUT:-runs/sagc49}
 MIXES=${MIXES:-"arith1=configs/smollm2-135m_rg_cpu.yaml arith2=configs/smollm2-135m_rg-2digit_cpu.yaml"}
 POLICIES=${POLICIES:-static-4,static-8,static-16,sagc-model,sagc-measured}
 SEEDS=${SEEDS:-0,1,2}
-common=(model.path="$GGUF" run.steps=48 checkpoint.every=8 checkpoint.keep=7 run.progress=false)
+DEST=${DEST:-docs/results/sagc_real}
+# shellcheck disable=SC2206  # EXTRA: space-separated key=value overrides
+common=(model.path="$GGUF" run.steps=48 checkpoint.every=8 checkpoint.keep=7 run.progress=false
+        ${EXTRA:-})
 
 collect() {  # collect RUN_DIR DEST: a finished run's raw files (evals included) into the repo
   local run=$1 dest=$2
@@ -35,7 +41,7 @@ for mix in $MIXES; do
   name=${mix%%=*} cfg=${mix#*=}
   if [[ ${COLLECT:-0} == 1 ]]; then
     for run in "$OUT/$name"/*-s*; do
-      collect "$run" "docs/results/sagc_real/$name/$(basename "$run")"
+      collect "$run" "$DEST/$name/$(basename "$run")"
     done
     continue
   fi
@@ -45,7 +51,7 @@ for mix in $MIXES; do
     for pol in ${POLICIES//,/ }; do
       nice -n "${NICE:-19}" sagc-jax compare --config "$cfg" --out-dir "$OUT/$name" \
         --seeds "$seed" --policies "$pol" --curves "${common[@]}"
-      collect "$OUT/$name/$pol-s$seed" "docs/results/sagc_real/$name/$pol-s$seed"
+      collect "$OUT/$name/$pol-s$seed" "$DEST/$name/$pol-s$seed"
     done
   done
   nice -n "${NICE:-19}" sagc-jax compare --config "$cfg" --out-dir "$OUT/$name" --seeds "$SEEDS" \

@@ -465,3 +465,37 @@ def test_issue49_verdict_reads_sagc_against_the_best_static_per_clock():
     model = next(ln for ln in "\n".join(verdict_md(summary)).splitlines()
                  if ln.startswith("| `model`"))
     assert "**no** (≥ 70 s vs static-16 77 s)" in model and model.count("yes (") == 3
+
+
+def test_mix_curves_reads_another_folders_statics_on_this_folders_clock(tmp_path):
+    """`curves --mix DIR --statics DIR2`: DIR2's static runs join DIR's runs, all read on the
+    `model` clock of DIR's runs (a cell on another time model reuses the static runs)."""
+    import shutil
+
+    import yaml
+
+    from sagc_jax.experiments.budget import cumulative_clock
+    from sagc_jax.experiments.curves import _main, mix_curves
+    from sagc_jax.metrics import read_jsonl
+    from sagc_jax.sagc.timing import TimeModel
+
+    real = ROOT / "docs" / "results" / "sagc_real" / "arith1"
+    mix = tmp_path / "arith1"
+    shutil.copytree(real / "sagc-model-s0", mix / "sagc-model-s0")
+    cfg = yaml.safe_load((mix / "sagc-model-s0" / "config.yaml").read_text())
+    cfg["sagc"]["time_model"] |= {"decode_a": 0.05, "decode_b": 0.0025}
+    (mix / "sagc-model-s0" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    alone = mix_curves(mix)["model"]
+    assert set(alone["policies"]) == {"sagc-model"}
+    both = mix_curves(mix, statics=real)["model"]
+    assert set(both["policies"]) == {"sagc-model", "static-4", "static-8", "static-16"}
+    tm = TimeModel(**{**TimeModel().__dict__, "decode_a": 0.05, "decode_b": 0.0025})
+    finals = [float(cumulative_clock(read_jsonl(r / "metrics.jsonl"), "model", tm)[-1])
+              for r in [mix / "sagc-model-s0", *real.glob("static-*-s*")]]
+    assert both["budget_s"] == pytest.approx(min(finals))
+    assert both["budget_s"] > 3 * mix_curves(real)["model"]["budget_s"]  # the slower clock
+    # Runs on two clocks cannot share one: refused, naming the folder.
+    shutil.copytree(real / "sagc-model-s1", mix / "sagc-model-s1")
+    with pytest.raises(ValueError, match="time_model differ"):
+        mix_curves(mix, statics=real)
+    assert _main(["--mix", str(mix), "--stat", str(real)]) == 2

@@ -6,6 +6,8 @@ beside what the step really cost (issue 49's diagnosis of the real-model runs).
         --set half_life=12        # the same observations under other settings (counterfactual)
     python benchmarks/probes/sagc_cost_replay.py STATIC_RUN --set 'group_sizes=[4,8,16]'
                                   # what SAGC would have chosen on a static run's observations
+    python benchmarks/probes/sagc_cost_replay.py STATIC_RUN --set 'group_sizes=[4,8,16]' \
+        --set time_model.decode_a=0.0559 ...   # ... on another clock (a section's field)
 
 The run's own observations are fed back (as `tests/test_real_runs.py` does), so the decisions
 printed are what the controller would choose given that history, not a new run. Seconds are the
@@ -30,10 +32,15 @@ from sagc_jax.sagc.timing import TimeModel
 
 def replay(run: Path, sets: dict[str, object]) -> list[dict]:
     cfg = load_saved_config(run / "config.yaml")
-    fields = {k: v for k, v in sets.items() if k in type(cfg.sagc).model_fields}
-    consts = {k: v for k, v in sets.items() if k not in fields}
+    names = type(cfg.sagc).model_fields
+    consts = {k: v for k, v in sets.items() if k.partition(".")[0] not in names}
+    merged = {**cfg.sagc.model_dump(), "enabled": True}
+    for k, v in sets.items():  # a dotted key sets one field of a section (time_model.decode_a)
+        if k not in consts:
+            head, _, leaf = k.partition(".")
+            merged[head] = {**merged[head], leaf: v} if leaf else v
     # Validated (not model_copy): --set group_sizes=[4,8,16] replays a static run with every rung.
-    sagc = type(cfg.sagc).model_validate({**cfg.sagc.model_dump(), "enabled": True, **fields})
+    sagc = type(cfg.sagc).model_validate(merged)
     out = []
     with sc.override_constants(**consts):
         pol = make_policy(sagc, horizon=cfg.run.steps)

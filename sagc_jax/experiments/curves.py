@@ -262,20 +262,26 @@ def run_curves(run_dir: str | Path) -> dict[str, list[CurvePoint]]:
     return _committed_run(Path(run_dir))[0]
 
 
-def _rows_and_time_model(run_dir: Path) -> tuple[list[dict[str, Any]], Any]:
-    """A committed run's metrics rows and the time model of its saved config (model clock)."""
+def _time_model(run_dir: Path) -> Any:
+    """The time model of a committed run's saved config (its `model` clock)."""
     from sagc_jax.config import load_saved_config
-    from sagc_jax.metrics import read_jsonl
     from sagc_jax.sagc.timing import TimeModel
 
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    return rows, TimeModel.from_sagc(load_saved_config(run_dir / "config.yaml").sagc)
+    return TimeModel.from_sagc(load_saved_config(run_dir / "config.yaml").sagc)
 
 
-def _committed_run(run_dir: Path) -> tuple[dict[str, list[CurvePoint]],
-                                           Callable[[float, str], float | None]]:
+def _rows_and_time_model(run_dir: Path, tm: Any = None) -> tuple[list[dict[str, Any]], Any]:
+    """A committed run's metrics rows and its `model` clock: `tm`, else its own config's."""
+    from sagc_jax.metrics import read_jsonl
+
+    return read_jsonl(run_dir / "metrics.jsonl"), tm or _time_model(run_dir)
+
+
+def _committed_run(run_dir: Path, tm: Any = None) -> tuple[dict[str, list[CurvePoint]],
+                                                           Callable[[float, str], float | None]]:
     """(points per clock, the mean completion length within a budget on a clock) of one run
-    directory holding `eval.json`, `metrics.jsonl` and `config.yaml`."""
+    directory holding `eval.json`, `metrics.jsonl` and `config.yaml` (`tm`: read its `model`
+    clock on this time model instead of its config's)."""
     import json
 
     from sagc_jax.experiments.budget import cumulative_clock, cut_at_budget
@@ -284,7 +290,7 @@ def _committed_run(run_dir: Path) -> tuple[dict[str, list[CurvePoint]],
     evals = json.loads((run_dir / "eval.json").read_text())
     acc = {int(v["step"]): float(v["accuracy"]) for v in evals.values()
            if v.get("num_samples") == 0}
-    rows, tm = _rows_and_time_model(run_dir)
+    rows, tm = _rows_and_time_model(run_dir, tm)
     steps = [int(r["step"]) for r in rows]
 
     def length_at(budget: float, clock: str) -> float | None:
@@ -294,23 +300,39 @@ def _committed_run(run_dir: Path) -> tuple[dict[str, list[CurvePoint]],
     return {c: curve(acc, cumulative_clock(rows, c, tm), steps) for c in CLOCKS}, length_at
 
 
-def mix_curves(mix_dir: str | Path) -> dict[str, Any]:
+def _mix_runs(mix_dir: str | Path, statics: str | Path | None) -> tuple[list[Path], Any]:
+    """(the runs of a mix folder, the time model to read them all on: None = each its own).
+    With `statics`, the static-G runs of that folder join the mix's runs, all read on the
+    `model` clock of the mix's runs (which must share one): a static run's trajectory does not
+    depend on the clock, so one set of static runs serves a cell on another time model."""
+    runs = [r for r in sorted(Path(mix_dir).glob("*-s*")) if (r / "eval.json").is_file()]
+    if statics is None:
+        return runs, None
+    models = {_time_model(r) for r in runs}
+    if len(models) != 1:
+        raise ValueError(f"{mix_dir}: its runs' sagc.time_model differ (or it has none), so "
+                         f"there is no one clock to read the static runs of {statics} on")
+    runs += [r for r in sorted(Path(statics).glob("static-*-s*")) if (r / "eval.json").is_file()]
+    return runs, models.pop()
+
+
+def mix_curves(mix_dir: str | Path, statics: str | Path | None = None) -> dict[str, Any]:
     """`summarize_curves` over every committed run `<policy>-s<seed>/` of one task mix (a
-    folder like docs/results/sagc_real/arith1): the cross-seed table from raw files alone."""
+    folder like docs/results/sagc_real/arith1): the cross-seed table from raw files alone
+    (`statics`: with another folder's static runs on this folder's clock, `_mix_runs`)."""
     pts: dict[str, dict[str, dict[int, list[CurvePoint]]]] = {c: {} for c in CLOCKS}
     lengths: dict[str, dict[int, Callable[[float, str], float | None]]] = {}
-    for run in sorted(Path(mix_dir).glob("*-s*")):
-        if not (run / "eval.json").is_file():
-            continue
+    runs, tm = _mix_runs(mix_dir, statics)
+    for run in runs:
         policy, _, seed = run.name.rpartition("-s")
-        points, length_at = _committed_run(run)
+        points, length_at = _committed_run(run, tm)
         for c in CLOCKS:
             pts[c].setdefault(policy, {})[int(seed)] = points[c]
         lengths.setdefault(policy, {})[int(seed)] = length_at
     return summarize_curves(pts, lengths)
 
 
-def benefit_per_second(run_dir: str | Path) -> dict[str, float]:
+def benefit_per_second(run_dir: str | Path, tm: Any = None) -> dict[str, float]:
     """SAGC's objective realised by a run, per clock: Σ over steps of the step's benefit
     (informative groups × (1 − 1/g), `sagc.updates.step_benefit`, from `trace.jsonl`'s
     rewards) / the run's final clock (s). Beside held-out accuracy per second it answers
@@ -326,16 +348,17 @@ def benefit_per_second(run_dir: str | Path) -> dict[str, float]:
         groups = json.loads(line)["groups"] if line.strip() else []
         if groups:
             total += step_benefit(np.array([g["rewards"] for g in groups], np.float64))
-    rows, tm = _rows_and_time_model(run_dir)
+    rows, tm = _rows_and_time_model(run_dir, tm)
     return {c: total / float(cumulative_clock(rows, c, tm)[-1]) for c in CLOCKS}
 
 
-def _benefit_md(mix_dir: str | Path) -> list[str]:
+def _benefit_md(mix_dir: str | Path, statics: str | Path | None = None) -> list[str]:
     """The benefit-per-second table of a mix folder (mean over seeds per policy and clock)."""
     per: dict[str, list[dict[str, float]]] = {}
-    for run in sorted(Path(mix_dir).glob("*-s*")):
+    runs, tm = _mix_runs(mix_dir, statics)
+    for run in runs:
         if (run / "trace.jsonl").is_file():
-            per.setdefault(run.name.rpartition("-s")[0], []).append(benefit_per_second(run))
+            per.setdefault(run.name.rpartition("-s")[0], []).append(benefit_per_second(run, tm))
     lines = ["## The benefit model's objective, realised", "",
              "Benefit (informative groups × (1 − 1/g)) per second, mean over seeds "
              "(`curves.benefit_per_second`): does it rank the policies as the held-out "
@@ -349,15 +372,18 @@ def _benefit_md(mix_dir: str | Path) -> list[str]:
 
 
 def _main(argv: Sequence[str]) -> int:
-    """`python -m sagc_jax.experiments.curves RUN_DIR`: one run's points; `... --mix MIX_DIR`:
-    the per-clock table over its committed runs."""
-    if len(argv) == 2 and argv[0] == "--mix":
-        summary = mix_curves(argv[1])
+    """`python -m sagc_jax.experiments.curves RUN_DIR`: one run's points; `... --mix MIX_DIR
+    [--statics DIR]`: the per-clock table over its committed runs (with DIR's static runs,
+    read on MIX_DIR's `model` clock)."""
+    if argv[:1] == ["--mix"] and len(argv) in (2, 4) and argv[2:3] in ([], ["--statics"]):
+        statics = argv[3] if len(argv) == 4 else None
+        summary = mix_curves(argv[1], statics)
         print("\n".join([*format_curves_md(summary), *verdict_md(summary),
-                         *_benefit_md(argv[1])]))
+                         *_benefit_md(argv[1], statics)]))
         return 0
     if len(argv) != 1:
-        print("usage: python -m sagc_jax.experiments.curves RUN_DIR | --mix MIX_DIR")
+        print("usage: python -m sagc_jax.experiments.curves RUN_DIR | --mix MIX_DIR "
+              "[--statics DIR]")
         return 2
     pts = run_curves(argv[0])
     first = pts[CLOCKS[0]]
