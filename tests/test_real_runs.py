@@ -33,7 +33,8 @@ def replay(run_dir: Path, memories: dict) -> tuple[list[int], list[dict], list[d
     """(the G the controller chooses at every step, the metrics it returns, the logged rows),
     feeding it each logged step as the trainer does (`observation_from` with timing: model),
     under the constants that ran (`memories`: the length model's were rows until 2026-12-05,
-    ROW_MEMORIES; {} for today's)."""
+    ROW_MEMORIES; the model clock priced an unrun shape flat until 2026-12-06,
+    FLAT_MODEL_COST; {} for today's)."""
     # The 16-step runs predate the issue-32 rewrite: load_saved_config migrates their sagc
     # section (every removed key held the value that is now a constant).
     cfg = load_saved_config(run_dir / "config.yaml")
@@ -61,13 +62,14 @@ def test_real_run_files_complete(name):
 #: Every committed real SAGC run, with the constants it ran under: the 16- and 32-step runs
 #: (smollm2/) and the first arith1 run of issue 49 with the memories in rows, every later issue-49
 #: run (docs/results/sagc_real/, and sagc_real_init16/ with the warm-up at the largest rung)
-#: with today's controller.
+#: with today's memories; all with the flat pricing of an unrun shape on the model clock.
 SAGC_REAL = RUNS.parents[1] / "sagc_real"
 SAGC_INIT16 = SAGC_REAL.parent / "sagc_real_init16"
-SAGC_RUNS = [(RUNS / "sagc", sc.ROW_MEMORIES), (RUNS_PROMPTS / "sagc", sc.ROW_MEMORIES),
-             (SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", sc.ROW_MEMORIES),
-             *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))),
-             *((d, {}) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*")))]
+_ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST}
+SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
+             (SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", _ROWS),
+             *((d, sc.FLAT_MODEL_COST) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))),
+             *((d, sc.FLAT_MODEL_COST) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*")))]
 
 
 @pytest.mark.parametrize("run_dir,memories", SAGC_RUNS,

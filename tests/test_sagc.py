@@ -44,6 +44,7 @@ from sagc_jax.sagc.estimators import (
 )
 from sagc_jax.sagc.simulate import parse_sim_config, run_policies, run_step, sagc_policy
 from sagc_jax.sagc.state import SAGCState, as_dict, with_fields
+from sagc_jax.sagc.timing import TimeModel
 
 # Accelerator-like workload pieces reused below (see configs/sim/*.yaml for the benchmarks).
 LIGHT = {"group_spread": 0.1, "prompt_spread": 0.3, "loop_prob": 0.0, "max_new_tokens": 1024}
@@ -674,17 +675,25 @@ def test_measured_clock_prices_smaller_unmeasured_shapes_per_row():
     """With one shape measured, a larger one is priced flat at its seconds (the optimistic guess
     on an accelerator) and, on the measured clock, a smaller one in proportion to its rows,
     floored at cost_floor_frac (the optimistic guess on a CPU): a run started at its largest
-    rung must try the smaller ones. The `model` clock stays flat both ways (nearly exact
-    there)."""
+    rung must try the smaller ones. The `model` clock is its time model: every rung is read
+    off it, tried or not (flat pricing from the one shape run kept a CPU-like time model's run
+    at its largest rung)."""
     meas = SAGCConfig(group_sizes=(4, 12, 16), initial_group_size=16)
-    model = meas.model_copy(update={"timing": "model"})
+    cpu_line = {"decode_a": 0.0559, "decode_b": 0.00254, "prefill_a": 0.36, "prefill_b": 0.0018}
+    model = meas.model_copy(update={"timing": "model", "time_model": meas.time_model.model_copy(
+        update=cpu_line)})
     st = init_state(meas)
     for _ in range(3):
         st = observe(meas, st, _episode_obs(16, 40))
-    flat, per_row = predicted_cost(model, st), predicted_cost(meas, st)
+    per_row = predicted_cost(meas, st)
+    flat = st.cost.prefill_s[-1] + st.length.exp_steps * st.cost.decode_step_s[-1]
     assert per_row[-1] == flat[-1]  # the measured shape: its own seconds
-    # 12 of 16 rows: 0.75 of the seconds; 4 of 16: 0.25, floored at 0.5
+    # 12 of 16 rows: 0.75 of the measured shape's seconds; 4 of 16: 0.25, floored at 0.5
     np.testing.assert_allclose(per_row[:2] / flat[:2], [0.5, 0.75])
+    rows = 2 * np.array([4, 12, 16])  # the observations' 2 prompts a step
+    tm = TimeModel(**cpu_line)
+    known = [tm.prefill_s(r) + s * tm.decode_step_s(r) for r, s in zip(rows, st.length.exp_steps)]
+    np.testing.assert_allclose(predicted_cost(model, st), known, rtol=1e-12)
     # Started at 16 on a clock where a row costs its full price, SAGC leaves 16.
     sim = _sim(40, LIGHT, {"timing": "measured", "initial_group_size": 16, "delta": None},
                timing={"decode_a": 0.0, "decode_b": 1e-3, "prefill_a": 0.0})

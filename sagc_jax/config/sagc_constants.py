@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "CONSTANTS",
+    "FLAT_MODEL_COST",
     "ROW_MEMORIES",
     "SAGCConstants",
     "constants",
@@ -123,6 +124,11 @@ class SAGCConstants:
     # measured shape's: a noisy negative slope (or, on the measured clock, the per-row guess
     # below the one shape measured) cannot make a shape free.
     cost_floor_frac: float = 0.5
+    # `timing: model` prices every rung off its time model, tried or not. False: learned per
+    # shape from the modelled seconds of the shapes run, flat for the others, as until
+    # 2026-12-06 (FLAT_MODEL_COST). On a CPU-like time model (decode step at 32 rows 1.8x the
+    # 8-row one) flat pricing from the warm-up's G = 16 priced 4 and 8 as dear as 16.
+    model_cost_known: bool = True
     # Seed of the controller's Monte-Carlo draws (key (seed, step, salt)); the simulator passes
     # its own seed instead (init_state(cfg, seed=...)), as it always did.
     seed: int = 0
@@ -135,6 +141,10 @@ CONSTANTS = SAGCConstants()
 #: back to their capacity. Runs recorded before then replay exactly under
 #: ``dataclasses.replace(CONSTANTS, **ROW_MEMORIES)``.
 ROW_MEMORIES: dict[str, Any] = {"window_steps": 0}
+
+#: `timing: model` pricing an unrun shape flat at the seconds of those run (2026-12-06, issue
+#: 49): runs recorded before then replay exactly with these constants too.
+FLAT_MODEL_COST: dict[str, Any] = {"model_cost_known": False}
 
 
 def constants() -> SAGCConstants:

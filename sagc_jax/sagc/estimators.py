@@ -22,6 +22,7 @@ from scipy.special import betainc, betaincinv
 from sagc_jax.config.sagc import risk_level
 from sagc_jax.config.sagc_constants import SAGCConstants, resolve, trend_half_life
 from sagc_jax.sagc.state import Length, State
+from sagc_jax.sagc.timing import TimeModel
 from sagc_jax.shapes import prompts_for
 
 
@@ -162,16 +163,17 @@ def posterior_risk(
 
 def _interp_rows(
     rows: np.ndarray, measured: np.ndarray, values: np.ndarray, floor_frac: float,
-    per_row_below: bool = False,
+    per_row_below: bool = True,
 ) -> np.ndarray:
-    """Per-shape value: measured EMA where available, else a least-squares line in rows.
+    """Per-shape value learned from the shapes run: measured EMA where available, else a line
+    in rows.
 
-    0 measured shapes -> NaN (caller substitutes); 1 -> flat (optimistic: the accelerator case;
-    a larger shape gets measured once tried), and with ``per_row_below`` (the measured clock)
-    proportional to rows below the measured shape, floored at ``floor_frac`` of it: the
-    optimistic side there is the CPU's, where a row costs nearly its full price (flat below
-    priced every smaller shape at the measured one's seconds, so a run started at its largest
-    rung never left it); >=2 -> linear fit, floored at ``floor_frac`` (the constant
+    0 measured shapes -> NaN (caller substitutes); 1 -> flat above the measured shape
+    (optimistic: the accelerator case; a larger shape gets measured once tried) and, with
+    ``per_row_below``, proportional to rows below it, floored at ``floor_frac`` of it
+    (optimistic there: the CPU case, where a row costs nearly its full price; flat below priced
+    every smaller shape at the measured one's seconds, so a run started at its largest rung
+    never left it); >=2 -> least-squares line, floored at ``floor_frac`` (the constant
     cost_floor_frac) of the smallest measured value so a noisy negative slope cannot make a
     shape look free.
     """
@@ -192,21 +194,29 @@ def predicted_cost(cfg: Any, state: State, consts: SAGCConstants | None = None) 
     """Predicted rollout seconds per step at each g: prefill(rows_g) + E[steps_g] x t_dec(rows_g)
     (+ environment seconds(rows_g) for episodes timed on the measured clock).
 
-    Without any timing yet, t_dec = 1 and prefill = 0 (cost in decode-step units).
+    With ``timing: model`` the clock is the time model itself, so every rung's prefill and
+    decode-step seconds are read off it, tried or not. Measured: learned per shape, and without
+    any timing yet t_dec = 1 and prefill = 0 (cost in decode-step units).
     """
     rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
     co = state.cost
-    meas = co.measured
-    frac, cpu = resolve(consts).cost_floor_frac, cfg.timing == "measured"
-    pre = np.nan_to_num(_interp_rows(rows, meas, co.prefill_s, frac, cpu), nan=0.0)
-    dec = np.nan_to_num(_interp_rows(rows, meas, co.decode_step_s, frac, cpu), nan=1.0)
+    c = resolve(consts)
+    env = np.zeros(len(rows))
+    model = cfg.timing == "model"
+    if model and c.model_cost_known:  # (the model clock prices the rollout only: no env)
+        tm = TimeModel.from_sagc(cfg)
+        pre = np.array([tm.prefill_s(int(r)) for r in rows])
+        dec = np.array([tm.decode_step_s(int(r)) for r in rows])
+    else:
+        meas, frac = co.measured, c.cost_floor_frac
+        pre = np.nan_to_num(_interp_rows(rows, meas, co.prefill_s, frac, not model), nan=0.0)
+        dec = np.nan_to_num(_interp_rows(rows, meas, co.decode_step_s, frac, not model), nan=1.0)
+        if (co.env_s > 0).any():  # episodes on the measured clock: environment seconds too
+            env = np.nan_to_num(_interp_rows(rows, meas, co.env_s, frac), nan=0.0)
     steps = state.length.exp_steps
     if not (steps > 0).all():
         steps = np.full(len(rows), float(max(int(co.max_new_tokens), 1)))
-    if (co.env_s > 0).any():  # episodes on the measured clock: environment seconds too
-        env = _interp_rows(rows, meas, co.env_s, frac, cpu)
-        return pre + steps * dec + np.nan_to_num(env, nan=0.0)
-    return pre + steps * dec
+    return pre + steps * dec + env
 
 
 def pass_rate_beta(cfg: Any, state: State) -> tuple[float, float]:
