@@ -495,7 +495,8 @@ def test_mix_curves_reads_another_folders_statics_on_this_folders_clock(tmp_path
     assert both["budget_s"] == pytest.approx(min(finals))
     assert both["budget_s"] > 3 * mix_curves(real)["model"]["budget_s"]  # the slower clock
     # Runs on two clocks cannot share one: refused, naming the folder.
-    shutil.copytree(real / "sagc-model-s1", mix / "sagc-model-s1")
+    shutil.copytree(real.parent.parent / "sagc_real_init8/arith1/sagc-model-s1",
+                    mix / "sagc-model-s1")
     with pytest.raises(ValueError, match="time_model differ"):
         mix_curves(mix, statics=real)
     assert _main(["--mix", str(mix), "--stat", str(real)]) == 2

@@ -60,16 +60,20 @@ def test_real_run_files_complete(name):
 
 
 #: Every committed real SAGC run, with the constants it ran under: the 16- and 32-step runs
-#: (smollm2/) and the first arith1 run of issue 49 with the memories in rows, every later issue-49
-#: run (docs/results/sagc_real/, and sagc_real_init16/ with the warm-up at the largest rung)
-#: with today's memories; all with the flat pricing of an unrun shape on the model clock.
+#: (smollm2/) and the first arith1 run of issue 49 with the memories in rows; the issue-49 runs
+#: warmed up at G = 8 (sagc_real_init8/) and the first at the largest rung (sagc_real_init16/)
+#: with today's memories but an unrun shape priced flat on the model clock; the runs of
+#: today's controller (sagc_real/).
 SAGC_REAL = RUNS.parents[1] / "sagc_real"
 SAGC_INIT16 = SAGC_REAL.parent / "sagc_real_init16"
+SAGC_INIT8 = SAGC_REAL.parent / "sagc_real_init8"
 _ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST}
+_FLAT = sc.FLAT_MODEL_COST
 SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
              (SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", _ROWS),
-             *((d, sc.FLAT_MODEL_COST) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))),
-             *((d, sc.FLAT_MODEL_COST) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*")))]
+             *((d, _FLAT) for d in sorted(SAGC_INIT8.glob("arith*/sagc-model-s*"))),
+             *((d, _FLAT) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*"))),
+             *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*")))]
 
 
 @pytest.mark.parametrize("run_dir,memories", SAGC_RUNS,
@@ -87,16 +91,20 @@ def test_real_sagc_runs_replay_exactly(run_dir, memories):
         assert o["sagc_reason"] == m["sagc_reason"]
 
 
-def test_sagc_run_is_the_static16_run_while_it_chooses_16():
+@pytest.mark.parametrize("run_dir,steps", [(SAGC_INIT16 / "arith1/sagc-model-s0", 22),
+                                           (SAGC_REAL / "arith1/sagc-model-s0", 21)],
+                         ids=["init16-flat", "today"])
+def test_sagc_run_is_the_static16_run_while_it_chooses_16(run_dir, steps):
     """Same seed and same G give the same rollouts: the SAGC run warmed up at the largest rung
     equals static-16's run of its seed step for step (loss, rewards, lengths) for as long as it
-    chose 16 (22 steps, as replaying the static run predicted), and then chose 8."""
+    chose 16 (22 steps with the flat model-clock pricing, 21 with today's, as replaying the
+    static run predicted), and then chose 8."""
     def rows(d: Path) -> list[dict]:
         return [m for m in _jsonl(d / "metrics.jsonl") if "group_size" in m]
-    sagc = rows(SAGC_INIT16 / "arith1/sagc-model-s0")
+    sagc = rows(run_dir)
     static = rows(SAGC_REAL / "arith1/static-16-s0")
     same = [m["group_size"] == 16 for m in sagc].index(False)
-    assert same == 22 and sagc[same]["group_size"] == 8
+    assert same == steps and sagc[same]["group_size"] == 8
     for a, b in zip(sagc[:same], static[:same]):
         assert [a[k] for k in ("loss", "reward_mean", "len_mean")] == \
             [b[k] for k in ("loss", "reward_mean", "len_mean")]
