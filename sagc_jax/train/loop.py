@@ -29,25 +29,21 @@ from typing import Any
 import jax
 import numpy as np
 
-from sagc_jax import checkpoint as ckpt
-from sagc_jax.config import Config, config_to_dict, load_saved_config, save_config
-from sagc_jax.data.pipeline import load_examples
+from sagc_jax.config import Config
 from sagc_jax.errors import TrainingError
 from sagc_jax.evaluate import greedy_accuracy
-from sagc_jax.models.lora import checkpointed
-from sagc_jax.open_run import with_frozen_base
 from sagc_jax.rl.batch import make_batch
 from sagc_jax.rollout import collect, global_view, rollout_key
 from sagc_jax.rollout.episodes import collect_episodes, episode_accuracy
 from sagc_jax.runlock import RunLock
-from sagc_jax.sagc.controller import copy_state
 from sagc_jax.sagc.observation import observation_from
 from sagc_jax.sampling import compile_count
 from sagc_jax.train.records import metrics_row, trace_row
 from sagc_jax.train.setup import Run, build_run
-from sagc_jax.train.sft import progress_bar, sft_warm_start
+from sagc_jax.train.sft import progress_bar
 from sagc_jax.train.signals import StopFlag
-from sagc_jax.train.state import RunState, copy_params
+from sagc_jax.train.start import no_stop, observed, restore_or_init, snapshot, warm_up
+from sagc_jax.train.state import RunState
 
 logger = logging.getLogger("sagc_jax.train")
 
@@ -55,161 +51,6 @@ logger = logging.getLogger("sagc_jax.train")
 def _log(run: Run, msg: str, *args: Any) -> None:
     if run.hosts.is_main:
         logger.info(msg, *args)
-
-
-# ---------------------------------------------------------------------------- start-up phases
-def _snapshot(run: Run, state: RunState) -> ckpt.Snapshot:
-    """The checkpoint of `state`. With LoRA only the adapters are saved: the frozen base is
-    checkpoints/initial. The prompt iterators stand at `state.data` whenever a state is saved
-    (after its step, or put back by `guarded_step`); grain saves them from the iterators."""
-    return ckpt.Snapshot(step=state.step, params=checkpointed(state.params),
-                         opt_state=state.opt_state, sagc=state.sagc,
-                         data_iter=list(run.prompts.iterators))
-
-
-def _observed(run: Run, state: RunState) -> RunState:
-    """`state` with the SAGC state and the data position the run's policy and prompt stream
-    hold now (a copy of the SAGC state: the policy updates its own in place)."""
-    return dataclasses.replace(state, sagc=copy_state(run.policy.state),
-                               data=run.prompts.get_state())
-
-
-def _no_stop(where: str) -> None:
-    """`StopFlag.check` stand-in when no signals are watched."""
-
-
-def _recipe(cfg: Config) -> dict[str, Any]:
-    """What `checkpoints/initial` depends on (JSON form): reused only if it is unchanged."""
-    s = cfg.sampling
-    return json.loads(json.dumps({
-        "init": config_to_dict(cfg.init), "data": config_to_dict(cfg.data),
-        "seed": cfg.warm_start_seed, "sft_len": s.prompt_buckets[-1] + s.max_new_tokens}))
-
-
-def _fresh_params(run: Run, init: RunState, check: Callable[[str], None]) -> tuple[Any, str]:
-    """(initial params, how): the params of `checkpoints/initial` when a run killed before its
-    first step left one for the same model and recipe (so the SFT is not redone), else
-    `init.params` or the SFT warm start (then saved as `checkpoints/initial`); `init` is the
-    built state."""
-    cfg = run.cfg
-    if run.ckpt.initial_recipe() == _recipe(cfg):
-        try:
-            run.ckpt.check_model(run.model_cfg)
-            return run.ckpt.restore_initial(init.params), (
-                "fresh start from the warm start saved in checkpoints/initial (SFT not redone)")
-        except Exception as e:  # another model, or damaged: redo it
-            ckpt.warn(f"checkpoints/initial not reused ({ckpt.error_line(e)}); redoing it")
-    if cfg.init.params:
-        params = ckpt.restore_params(cfg.init.params, init.params)
-        how = f"fresh start from init.params {cfg.init.params}"
-    else:
-        # The SFT examples follow the warm-start seed (`init.seed`), the RL prompts `run.seed`.
-        examples = run.train_examples if cfg.warm_start_seed == cfg.run.seed else \
-            load_examples(cfg.data, "train", seed=cfg.warm_start_seed)
-        params, losses = sft_warm_start(
-            cfg, init.params, graphdef=run.graphdef, param_shardings=run.param_shardings,
-            mesh=run.mesh, examples=examples, tokenizer=run.tokenizer,
-            progress=run.show_progress, check=check)
-        how = f"fresh start; SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else \
-            "fresh start"
-    run.ckpt.save_initial(params, run.model_cfg, recipe=_recipe(cfg))
-    return params, how
-
-
-# Settings a checkpoint's arrays depend on beyond the architecture (model.json checks that):
-# the adapters' shapes, the params' storage dtype, the SAGC state's rungs. Changed on resume
-# they would make every restore fail as if the files were damaged, or (rungs of the same
-# count) reinterpret the controller's per-rung statistics silently.
-_RESUME_KEYS = (("model", "lora"), ("model", "param_dtype"), ("sagc", "group_sizes"))
-
-
-def _check_resume_config(run: Run) -> None:
-    """Refuses (CheckpointMismatchError, exit 2) a resume whose config changes a `_RESUME_KEYS`
-    setting from the run's saved `config.yaml`, naming the key, before anything is restored."""
-    saved_path = run.run_dir / "config.yaml"
-    if not saved_path.is_file():
-        return
-    try:
-        saved = config_to_dict(load_saved_config(saved_path))
-    except ValueError:  # an unreadable or foreign saved config: the restore's own checks decide
-        return
-    now = config_to_dict(run.cfg)
-    for section, key in _RESUME_KEYS:
-        a, b = saved[section].get(key), now[section].get(key)
-        if a != b:
-            raise ckpt.CheckpointMismatchError(
-                f"{section}.{key}: the checkpoints in {run.ckpt.directory} were written with "
-                f"{a!r}, this config has {b!r}; resume with the original value or use another "
-                "run.dir")
-
-
-def restore_or_init(run: Run, check: Callable[[str], None] = _no_stop) -> tuple[RunState, str]:
-    """(the state to start from, how): the newest good checkpoint (run.resume), else a fresh
-    state from the run's built one (`Run.take_initial`) with initial params.
-
-    `config.yaml` is written only once the run dir's checkpoints are known to fit this config,
-    so a refused resume (another model, group sizes...) leaves the run's own config in place.
-    """
-    cfg, init = run.cfg, run.take_initial()
-    mode = cfg.run.resume
-    run.ckpt.check_space(init.params, init.opt_state, steps=cfg.run.steps)
-    restored = None
-    if mode != "never":
-        if run.ckpt.latest_step() is not None:
-            _check_resume_config(run)
-        template = dataclasses.replace(init, sagc=run.policy.state)
-        restored = run.ckpt.restore_latest(_snapshot(run, template), run.model_cfg)
-    if restored is None and mode == "required":
-        raise FileNotFoundError(f"run.resume=required but no checkpoint in {run.ckpt.directory}")
-    if restored is None and mode == "never" and run.ckpt.latest_step() is not None:
-        raise FileExistsError(f"{run.ckpt.directory} already holds checkpoints and "
-                              "run.resume=never; choose another run.dir")
-    if run.hosts.is_main:
-        save_config(cfg, run.run_dir / "config.yaml")
-    copy_ref = cfg.algo.beta > 0 and cfg.model.lora is None
-    if restored is None:
-        t0 = time.perf_counter()
-        params, how = _fresh_params(run, init, check)
-        run.timing["sft_s"] = time.perf_counter() - t0
-        # The reference must survive donation of the params in the train step. With LoRA it is
-        # the frozen base itself (adapters off): no copy (`Learner.reference`).
-        ref = copy_params(params) if copy_ref else None
-        run.writer.resume_from(0)
-        return _observed(run, RunState(params, init.opt_state, ref)), how
-    # A LoRA run's steps hold the adapters only: its frozen base is checkpoints/initial.
-    params = with_frozen_base(run.ckpt.directory, restored.params, init.params)
-    run.policy.load_state(restored.sagc)
-    # With LoRA the reference is the restored base: checkpoints/initial unread.
-    ref = run.ckpt.restore_initial(params) if copy_ref else None
-    state = RunState(params, restored.opt_state, ref, step=restored.step)
-    run.writer.resume_from(state.step)
-    if (missing := run.writer.missing_rows(state.step)):
-        raise ckpt.CheckpointMismatchError(
-            f"run.dir {run.run_dir}: checkpoint step {state.step} but metrics.jsonl has no "
-            f"rows for steps {missing[0]}..{missing[-1]} (was the run dir removed or edited "
-            "while a run wrote it?); move it aside and rerun to start again")
-    return _observed(run, state), f"resumed from step {state.step}"
-
-
-def warm_up(run: Run, state: RunState, check: Callable[[str], None] = _no_stop) -> float:
-    """Compiles every shape (samplers, train steps, gathers) ahead of step 1; returns seconds.
-    `check` is called between compile phases (a pending Ctrl-C stops there)."""
-    t0 = time.perf_counter()
-    where = "while compiling (the initial params are saved in checkpoints/initial)"
-    run.sampler.compile_all(progress=run.show_progress)
-    check(where)
-    if run.eval is not None:
-        run.eval.sampler.compile_all(progress=run.show_progress)
-        check(where)
-    run.learner.warm_up(state.params, state.opt_state)
-    check(where)
-    # Host-side eager ops (key derivation, the lr schedule for logging) compile once per
-    # signature: do it here so `compiles` is 0 from step 1 on.
-    rollout_key(run.cfg.run.seed, 0, 0)
-    float(run.lr_schedule(0))
-    run.hosts.warm_up({g: run.hosts.local_rows(p) * g for g, p in run.plan.prompts_per_g.items()},
-                      measured_timing=run.cfg.sagc.timing != "model")
-    return time.perf_counter() - t0
 
 
 def eval_greedy(run: Run, params: Any) -> float:
@@ -269,7 +110,7 @@ def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str,
         sagc_m = run.policy.observe(observation_from(
             ro, cfg.sagc, max_new_tokens=cfg.sampling.max_new_tokens,
             decode_chunk=cfg.sampling.decode_chunk, agree_seconds=hosts.seconds))
-        new = _observed(run, new)
+        new = observed(run, new)
         row = metrics_row(step, gv, m, sagc_m, run.sampler.prompt_bucket_for(plen),
                           run.learner.layout.completion_len, float(run.lr_schedule(step)))
         row.update(rollout_s=rollout_s, train_s=train_s)
@@ -305,7 +146,7 @@ def guarded_step(run: Run, state: RunState, step: int) -> tuple[RunState, dict[s
         _check_run_dir(run)
         run.prompts.set_state(state.data)
         run.policy.load_state(state.sagc)
-        run.ckpt.save(step, _snapshot(run, state), force=True)
+        run.ckpt.save(step, snapshot(run, state), force=True)
         run.ckpt.wait()
         where = f"state before step {step + 1} saved in {run.ckpt.directory}"
         if isinstance(e, TrainingError):
@@ -368,7 +209,7 @@ def run_loop(run: Run, stop: StopFlag | None = None) -> dict[str, Any]:
     """Restore-or-init, warm up, then steps until `run.steps` or a signal; returns the last
     metrics row ({} when no step ran). A signal (`stop`) ends it with `Interrupted` at the next
     safe point: after the current step, with that step saved."""
-    check = stop.check if stop is not None else _no_stop
+    check = stop.check if stop is not None else no_stop
     run.run_dir.mkdir(parents=True, exist_ok=True)
     try:
         last = _run(run, stop, check)
@@ -404,11 +245,11 @@ def _run(run: Run, stop: StopFlag | None, check: Callable[[str], None]) -> dict[
         done = step + 1
         _check_run_dir(run)
         if stop is not None and stop.set:
-            run.ckpt.save(done, _snapshot(run, state), force=True)
+            run.ckpt.save(done, snapshot(run, state), force=True)
             run.ckpt.wait()
             check(f"after step {done}; checkpoint saved in {run.ckpt.directory}; rerun the same "
                   "command to resume")
-        run.ckpt.save(done, _snapshot(run, state), force=done == cfg.run.steps)
+        run.ckpt.save(done, snapshot(run, state), force=done == cfg.run.steps)
     return last
 
 

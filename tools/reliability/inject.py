@@ -32,7 +32,7 @@ from .cases import Result
 # target -> (module, attribute[, method]) of the function wrapped.
 TARGETS: dict[str, tuple[str, str, str | None]] = {
     "build": ("sagc_jax.train.loop", "build_run", None),
-    "sft": ("sagc_jax.train.loop", "sft_warm_start", None),
+    "sft": ("sagc_jax.train.start", "sft_warm_start", None),
     "compile": ("sagc_jax.train.loop", "warm_up", None),
     "eval": ("sagc_jax.train.loop", "eval_greedy", None),
     "step": ("sagc_jax.train.loop", "train_one", None),
