@@ -211,7 +211,7 @@ def test_the_checks_catch_what_they_guard(tmp_path):
 CORE_PATH = ("train/loop.py", "train/learner.py", "rl/train_step.py", "rl/batch.py",
              "rl/packing.py", "rollout/collect.py", "rewards/__init__.py", "rewards/registry.py",
              "rewards/runner.py", "rewards/answers.py")
-CORE_PATH_MAX = 1920
+CORE_PATH_MAX = 1879
 
 
 def core_path_lines() -> int:

@@ -35,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "load_examples": "pipeline",
     "make_prompt_iterator": "pipeline",
     "make_sft_batches": "pipeline",
+    # prompt stream
+    "PromptStream": "prompt_stream",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,12 +3,11 @@
 from sagc_jax.rollout.collect import (
     CollectSettings,
     FirstRound,
-    PromptStream,
     Rollout,
     collect,
     global_view,
     rollout_key,
 )
 
-__all__ = ["CollectSettings", "FirstRound", "PromptStream", "Rollout", "collect", "global_view",
+__all__ = ["CollectSettings", "FirstRound", "Rollout", "collect", "global_view",
            "rollout_key"]

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from sagc_jax.data.prompt_stream import PromptStream
 from sagc_jax.data.tokenizer import encode_prompt, encode_reply
 from sagc_jax.envs import EnvError, EnvSpec
 from sagc_jax.rewards import RewardFn, score_groups
@@ -33,7 +34,6 @@ from sagc_jax.rl.shaping import overlong_penalty
 from sagc_jax.rollout.collect import (
     CollectSettings,
     FirstRound,
-    PromptStream,
     Rollout,
     rollout_key,
 )

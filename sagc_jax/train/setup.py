@@ -21,6 +21,7 @@ from sagc_jax.config import Config, ConfigError
 from sagc_jax.data.columns import required_columns
 from sagc_jax.data.lengths import check_prompt_lengths
 from sagc_jax.data.pipeline import load_examples, make_prompt_iterator
+from sagc_jax.data.prompt_stream import PromptStream
 from sagc_jax.data.tokenizer import encode_text, load_run_tokenizer, stop_ids
 from sagc_jax.hosts import Hosts
 from sagc_jax.metrics import RunWriter
@@ -32,7 +33,7 @@ from sagc_jax.optim import make_optimizer, make_schedule
 from sagc_jax.parallel import make_mesh_from_config
 from sagc_jax.rewards import RewardFn, build_reward_fns
 from sagc_jax.rl.train_step import LossSettings
-from sagc_jax.rollout import CollectSettings, PromptStream
+from sagc_jax.rollout import CollectSettings
 from sagc_jax.rollout.episodes import EpisodeSettings
 from sagc_jax.sagc import make_policy
 from sagc_jax.sampling import Sampler, SamplingConfig
