@@ -11,8 +11,8 @@ per prefill. The linear time model `decode_a + decode_b * rows` (and prefill's) 
 tools/gpu_timing.py does for the GPU, on the first two G and tested on the others (held out).
 Printed as `sagc.time_model.*` overrides: a `timing: model` run with them decides as if this
 CPU's rollout were the clock, deterministically (the update is not modelled: on this CPU it
-costs about as much again and grows with rows too, so the fit understates what a large G costs
-here). Run it on a quiet machine (the load average is recorded beside each point).
+is not small and grows with rows too, so the fit understates what a large G costs here).
+Run it on a quiet machine (the load average is recorded beside each point).
 """
 
 from __future__ import annotations
