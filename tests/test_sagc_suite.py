@@ -143,3 +143,36 @@ def test_suite_diff_sets_sagc_before_and_after_and_refuses_other_workloads(tmp_p
     out = capsys.readouterr().out
     assert "| drift | static-4 | 1.000 | 1.020 | 1.0200 | 8.00 -> 9.50 |" in out
     assert "| bimodal" not in out and "In one suite only (not compared): bimodal" in out
+
+
+def test_ablation_table_reads_one_json_per_variant_and_refuses_another_baseline(tmp_path,
+                                                                               capsys):
+    """tools/sagc_ablation_table.py: one suite JSON per variant (as tools/sagc_ablation.sh
+    writes them) merge into one part; a constant at its shipped value moves nothing, a
+    removed mechanism loses more than the bar and is kept; a file whose shipped SAGC differs
+    (another controller or other draws) is refused naming it (exit 2)."""
+    import json
+
+    from tools import sagc_ablation_table as tab
+
+    part = tmp_path / "res" / "nobudget"
+    part.mkdir(parents=True)
+    base = ["--seeds", "2", "--pop-seeds", "1", "--workers", "1", "--only", "length_growth",
+            "--cache", str(tmp_path / "cache"), "--no-budget", "--set", "steps=200"]
+    for v in ("same=credit_horizon_x=3", "notrend=trend_half_life_x=0"):
+        assert sagc_suite.main([*base, "--variant", v,
+                                "--json", str(part / f"{v.split('=')[0]}.json")]) == 0
+    res, variants, metas = tab.load_part(part)
+    assert variants == {"same": ["credit_horizon_x=3"], "notrend": ["trend_half_life_x=0"]}
+    assert [m["variant_seeds"] for m in metas] == [2, 2]
+    same = tab.variant_figures(res, "same")
+    assert same["ratios"] == {"length_growth": pytest.approx(1.0)}
+    assert tab.constant_verdict([same]).startswith("**moves nothing")
+    page = tab.page_md(tmp_path / "res")
+    assert "| `credit_horizon_x` | credit_horizon_x=3 |" in page
+    assert "Not run yet: measured, budget." in page
+    bad = json.loads((part / "same.json").read_text())
+    bad["workloads"]["length_growth"]["policies"]["sagc"]["benefit_per_s"] *= 1.01
+    (part / "zz.json").write_text(json.dumps(bad))
+    assert tab.main(["--results", str(tmp_path / "res"), "--out", str(tmp_path / "p.md")]) == 2
+    assert "zz.json: shipped SAGC differs" in capsys.readouterr().err

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Issue 49 item 4: every controller constant that the shipped defaults read, at two other
 # values, 40 seeds, on the whole simulator suite (tools/sagc_suite.py, common random
-# numbers, every job cached under runs/sim_cache: a cut run resumes where it stopped).
+# numbers: a variant and shipped SAGC see the same draws).
 #
 #   bash tools/sagc_ablation.sh nobudget   # the shipped default (no straggler budget)
 #   bash tools/sagc_ablation.sh measured   # timing: measured on a noisy, drifting clock
 #   bash tools/sagc_ablation.sh budget     # a stated budget (the constants only it reads)
-#   PARTIAL=1 bash tools/sagc_ablation.sh nobudget   # compute nothing: the figures of the
-#                                          # seeds the cache holds complete (a cut run's result)
+#   python -m tools.sagc_ablation_table    # the page, benchmarks/sagc_ablation.md, from the JSONs
 #
-# Raw figures: benchmarks/results/sagc_ablation_<part>.json (a partial one says how many seeds
-# in its meta and page); the log beside it. Runs at `nice 19` with one worker: it takes only
-# the CPU other work leaves (hours of CPU per part).
+# One suite run per variant, its raw figures in benchmarks/results/sagc_ablation/<part>/<name>.json
+# as soon as it ends (~20 CPU-min each at 40 seeds on this 2-core machine): a machine that
+# does not keep runs/ between sessions loses at most the variant in progress, and a rerun skips
+# every variant whose JSON holds all its seeds. The statics and shipped SAGC are computed once
+# per machine (cached under runs/sim_cache/ablation). Runs at `nice 19` with one worker: it
+# takes only the CPU other work leaves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?usage: sagc_ablation.sh nobudget|measured|budget}
@@ -19,14 +21,16 @@ SEEDS=${SEEDS:-40}
 case $part in
   nobudget)  # read without a budget: the length model, E[steps], change detection, benefit
     sets=(--no-budget)
-    vs=(rung0=max_rung_step=0 rung2=max_rung_step=2 mc16=mc_samples=16 mc256=mc_samples=256
+    vs=(ws8=window_steps=8 ws32=window_steps=32
+        ratehl25=rate_half_life_x=2.5 ratehl10=rate_half_life_x=10
+        lenhl05=length_half_life_x=0.5 lenhl2=length_half_life_x=2
+        cthr8=change_threshold=8 cthr30=change_threshold=30
+        cwin16=change_window=16 cwin64=change_window=64
+        rung0=max_rung_step=0 rung2=max_rung_step=2 mc16=mc_samples=16 mc256=mc_samples=256
         rows512=window_rows_min=512 rows8k=window_rows_min=8192
         groups64=window_groups=64 groups1k=window_groups=1024
         tprior100=trunc_prior_rows=100 tprior10k=trunc_prior_rows=10000
-        lenhl05=length_half_life_x=0.5 lenhl2=length_half_life_x=2
         trendhl15=trend_half_life_x=1.5 trendhl6=trend_half_life_x=6
-        cwin16=change_window=16 cwin64=change_window=64
-        cthr8=change_threshold=8 cthr30=change_threshold=30
         pass025=pass_threshold=0.25 pass075=pass_threshold=0.75) ;;
   measured)  # per-shape timings measured on a clock with 15 % log-noise and 30 % drift
     sets=(--no-budget --set sagc.timing=measured timing.noise=0.15 timing.drift=0.3)
@@ -41,14 +45,18 @@ case $part in
         notrunc=count_truncated=false rung0=max_rung_step=0 rung2=max_rung_step=2) ;;
   *) echo "sagc_ablation.sh: unknown part '$part' (nobudget, measured, budget)" >&2; exit 2 ;;
 esac
-args=()
-for v in "${vs[@]}"; do args+=(--variant "$v"); done
-out=benchmarks/results/sagc_ablation_$part
-if [[ ${PARTIAL:-0} == 1 ]]; then
-  python -m tools.sagc_suite --seeds "$SEEDS" --variant-seeds "$SEEDS" --pop-seeds \
-    "${POP_SEEDS:-10}" "${sets[@]}" "${args[@]}" --cached-only --json "$out.json" > "$out.md"
-  exit
-fi
-nice -n "${NICE:-19}" python -m tools.sagc_suite --seeds "$SEEDS" --variant-seeds "$SEEDS" \
-  --pop-seeds "${POP_SEEDS:-10}" --workers "${WORKERS:-1}" "${sets[@]}" "${args[@]}" \
-  --json "$out.json" 2>&1 | tee -a "$out.log"
+dir=benchmarks/results/sagc_ablation/$part
+mkdir -p "$dir"
+for v in "${vs[@]}"; do
+  out=$dir/${v%%=*}.json
+  if [[ -f $out ]] && python -c "import json, sys; m = json.load(open(sys.argv[1]))['meta']
+sys.exit(m['variant_seeds'] < int(sys.argv[2]))" "$out" "$SEEDS"; then
+    continue  # done (all its seeds)
+  fi
+  nice -n "${NICE:-19}" python -m tools.sagc_suite --seeds "$SEEDS" --variant-seeds "$SEEDS" \
+    --pop-seeds "${POP_SEEDS:-2}" --workers "${WORKERS:-1}" --cache runs/sim_cache/ablation \
+    "${sets[@]}" --variant "$v" --json "$out.tmp" > /dev/null 2>> "$dir/log"
+  mv "$out.tmp" "$out"
+  echo "$(date -u +%FT%TZ) $part ${v%%=*} done" >> "$dir/log"
+done
+python -m tools.sagc_ablation_table
