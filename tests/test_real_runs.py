@@ -17,6 +17,7 @@ import yaml
 from sagc_jax.config import ConfigError, load_config, load_saved_config
 from sagc_jax.config import sagc_constants as sc
 from sagc_jax.config.sagc import SAGCConfig, migrate_legacy_sagc
+from sagc_jax.experiments.curves import SAME_AS, data_dir
 from sagc_jax.experiments.replay import logged_observations
 from sagc_jax.sagc import make_policy
 
@@ -29,12 +30,14 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def replay(run_dir: Path, memories: dict) -> tuple[list[int], list[dict], list[dict]]:
+def replay(run_dir: Path, memories: dict, observed: Path | None = None
+           ) -> tuple[list[int], list[dict], list[dict]]:
     """(the G the controller chooses at every step, the metrics it returns, the logged rows),
     feeding it each logged step as the trainer does (`observation_from` with timing: model),
     under the constants that ran (`memories`: the length model's were rows until 2026-12-05,
     ROW_MEMORIES; the model clock priced an unrun shape flat until 2026-12-06,
-    FLAT_MODEL_COST; {} for today's)."""
+    FLAT_MODEL_COST; {} for today's). `observed`: another run's logged steps, fed to the
+    controller of `run_dir`'s config."""
     # The 16-step runs predate the issue-32 rewrite: load_saved_config migrates their sagc
     # section (every removed key held the value that is now a constant).
     cfg = load_saved_config(run_dir / "config.yaml")
@@ -42,7 +45,7 @@ def replay(run_dir: Path, memories: dict) -> tuple[list[int], list[dict], list[d
     consts = dataclasses.replace(sc.CONSTANTS, **memories)
     policy = make_policy(cfg.sagc, horizon=cfg.run.steps, consts=consts)
     chosen, out, metrics = [], [], []
-    for logged in logged_observations(run_dir, cfg.sagc, cfg.sampling.decode_chunk):
+    for logged in logged_observations(observed or run_dir, cfg.sagc, cfg.sampling.decode_chunk):
         chosen.append(policy.choose())
         out.append(policy.observe(logged.observation))
         metrics.append(logged.metrics)
@@ -73,7 +76,10 @@ SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
              (SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", _ROWS),
              *((d, _FLAT) for d in sorted(SAGC_INIT8.glob("arith*/sagc-model-s*"))),
              *((d, _FLAT) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*"))),
-             *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*")))]
+             *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
+               if not (d / SAME_AS).is_file())]
+#: SAGC runs not trained because they are a static run (`curves.SAME_AS`).
+SAGC_SAME_AS = sorted(d for d in SAGC_REAL.glob("arith*/sagc-model-s*") if (d / SAME_AS).is_file())
 
 
 @pytest.mark.parametrize("run_dir,memories", SAGC_RUNS,
@@ -109,6 +115,34 @@ def test_sagc_run_is_the_static16_run_while_it_chooses_16(run_dir, steps):
         assert [a[k] for k in ("loss", "reward_mean", "len_mean")] == \
             [b[k] for k in ("loss", "reward_mean", "len_mean")]
     assert sagc[same]["loss"] != static[same]["loss"]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out
+
+
+@pytest.mark.parametrize("run_dir", SAGC_SAME_AS, ids=lambda d: "/".join(d.parts[-2:]))
+def test_sagc_run_not_trained_is_the_static_run_it_names(run_dir):
+    """A SAGC run that stands for a static run (`curves.SAME_AS`): its config is that run's
+    but for the policy (SAGC on, its rungs, no pinned start; run.dir and the model's path are
+    where each ran), and its controller, fed that run's logged steps, chooses the static G at
+    every step, so by induction over the steps it would have seen the same rollouts."""
+    static = data_dir(run_dir)
+    assert static != run_dir and static.name.startswith("static-")
+    g = int(static.name.split("-")[1])
+    mine = _flat(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    theirs = _flat(yaml.safe_load((static / "config.yaml").read_text()))
+    differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
+    assert differ == {"run.dir", "model.path", "sagc.enabled", "sagc.group_sizes",
+                      "sagc.initial_group_size"}
+    assert mine["sagc.enabled"] and theirs["sagc.group_sizes"] == [g]
+    assert g in mine["sagc.group_sizes"] and mine["sagc.initial_group_size"] is None
+    chosen, _, metrics = replay(run_dir, {}, observed=static)
+    assert chosen == [g] * load_saved_config(run_dir / "config.yaml").run.steps
+    assert [m["group_size"] for m in metrics] == chosen
 
 
 def test_real_prompts_run_moves_g_within_the_budget():

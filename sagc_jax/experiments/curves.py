@@ -262,6 +262,24 @@ def run_curves(run_dir: str | Path) -> dict[str, list[CurvePoint]]:
     return _committed_run(Path(run_dir))[0]
 
 
+#: A run folder holding only its `config.yaml` and this file stands for a run that was not
+#: trained because it provably is another one: a SAGC run whose controller, replayed over a
+#: static run's logged observations under the SAGC run's own config, chooses that static G at
+#: every step gets the same rollouts step for step (same seed, same G), so it *is* that run
+#: (tests/test_real_runs.py checks both the replay and that the configs differ only in the
+#: policy). `{"run": "<sibling folder>"}`.
+SAME_AS = "same_as.json"
+
+
+def data_dir(run_dir: Path) -> Path:
+    """Where a run's `eval.json`, `metrics.jsonl` and `trace.jsonl` are: its own folder, or for a
+    folder with `SAME_AS` the sibling run it names."""
+    import json
+
+    f = run_dir / SAME_AS
+    return run_dir.parent / json.loads(f.read_text())["run"] if f.is_file() else run_dir
+
+
 def _time_model(run_dir: Path) -> Any:
     """The time model of a committed run's saved config (its `model` clock)."""
     from sagc_jax.config import load_saved_config
@@ -274,7 +292,7 @@ def _rows_and_time_model(run_dir: Path, tm: Any = None) -> tuple[list[dict[str, 
     """A committed run's metrics rows and its `model` clock: `tm`, else its own config's."""
     from sagc_jax.metrics import read_jsonl
 
-    return read_jsonl(run_dir / "metrics.jsonl"), tm or _time_model(run_dir)
+    return read_jsonl(data_dir(run_dir) / "metrics.jsonl"), tm or _time_model(run_dir)
 
 
 def _committed_run(run_dir: Path, tm: Any = None) -> tuple[dict[str, list[CurvePoint]],
@@ -287,7 +305,7 @@ def _committed_run(run_dir: Path, tm: Any = None) -> tuple[dict[str, list[CurveP
     from sagc_jax.experiments.budget import cumulative_clock, cut_at_budget
     from sagc_jax.experiments.summary import num
 
-    evals = json.loads((run_dir / "eval.json").read_text())
+    evals = json.loads((data_dir(run_dir) / "eval.json").read_text())
     acc = {int(v["step"]): float(v["accuracy"]) for v in evals.values()
            if v.get("num_samples") == 0}
     rows, tm = _rows_and_time_model(run_dir, tm)
@@ -305,7 +323,7 @@ def _mix_runs(mix_dir: str | Path, statics: str | Path | None) -> tuple[list[Pat
     With `statics`, the static-G runs of that folder join the mix's runs, all read on the
     `model` clock of the mix's runs (which must share one): a static run's trajectory does not
     depend on the clock, so one set of static runs serves a cell on another time model."""
-    runs = [r for r in sorted(Path(mix_dir).glob("*-s*")) if (r / "eval.json").is_file()]
+    runs = [r for r in sorted(Path(mix_dir).glob("*-s*")) if (data_dir(r) / "eval.json").is_file()]
     if statics is None:
         return runs, None
     models = {_time_model(r) for r in runs}
@@ -344,7 +362,7 @@ def benefit_per_second(run_dir: str | Path, tm: Any = None) -> dict[str, float]:
 
     run_dir = Path(run_dir)
     total = 0.0
-    for line in (run_dir / "trace.jsonl").read_text().splitlines():
+    for line in (data_dir(run_dir) / "trace.jsonl").read_text().splitlines():
         groups = json.loads(line)["groups"] if line.strip() else []
         if groups:
             total += step_benefit(np.array([g["rewards"] for g in groups], np.float64))
@@ -357,7 +375,7 @@ def _benefit_md(mix_dir: str | Path, statics: str | Path | None = None) -> list[
     per: dict[str, list[dict[str, float]]] = {}
     runs, tm = _mix_runs(mix_dir, statics)
     for run in runs:
-        if (run / "trace.jsonl").is_file():
+        if (data_dir(run) / "trace.jsonl").is_file():
             per.setdefault(run.name.rpartition("-s")[0], []).append(benefit_per_second(run, tm))
     lines = ["## The benefit model's objective, realised", "",
              "Benefit (informative groups × (1 − 1/g)) per second, mean over seeds "
