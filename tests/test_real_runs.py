@@ -66,10 +66,12 @@ def test_real_run_files_complete(name):
 #: (smollm2/) and the first arith1 run of issue 49 with the memories in rows; the issue-49 runs
 #: warmed up at G = 8 (sagc_real_init8/) and the first at the largest rung (sagc_real_init16/)
 #: with today's memories but an unrun shape priced flat on the model clock; the runs of
-#: today's controller (sagc_real/).
+#: today's controller (sagc_real/, and on this CPU's line sagc_real_cpuclock/).
 SAGC_REAL = RUNS.parents[1] / "sagc_real"
 SAGC_INIT16 = SAGC_REAL.parent / "sagc_real_init16"
 SAGC_INIT8 = SAGC_REAL.parent / "sagc_real_init8"
+#: Today's controller deciding on this CPU's fitted time model (benchmarks/cpu_time_model.py).
+SAGC_CPU = SAGC_REAL.parent / "sagc_real_cpuclock"
 _ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST}
 _FLAT = sc.FLAT_MODEL_COST
 SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
@@ -77,7 +79,8 @@ SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
              *((d, _FLAT) for d in sorted(SAGC_INIT8.glob("arith*/sagc-model-s*"))),
              *((d, _FLAT) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*"))),
              *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
-               if not (d / SAME_AS).is_file())]
+               if not (d / SAME_AS).is_file()),
+             *((d, {}) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*")))]
 #: SAGC runs not trained because they are a static run (`curves.SAME_AS`).
 SAGC_SAME_AS = sorted(d for d in SAGC_REAL.glob("arith*/sagc-model-s*") if (d / SAME_AS).is_file())
 
