@@ -95,7 +95,8 @@ def part_md(part: str, res: dict, variants: dict[str, list[str]], metas: list[di
     cpu = sum(m["cpu_s"] for m in metas) / 60
     loads = [x for m in metas for x in m["load"]]
     out = [f"## {part}: {PARTS.get(part, part)}", "",
-           f"{len(variants)} variants, {seeds} seeds each against shipped SAGC on the same seeds "
+           f"{len(variants)} variant{'' if len(variants) == 1 else 's'}, {seeds} seeds each "
+           "against shipped SAGC on the same seeds "
            f"(commit {', '.join(f'`{c}`' for c in commits)}; {cpu:.0f} CPU-min computed, load "
            f"average {min(loads):.1f}–{max(loads):.1f}). Cell: pooled benefit/s ÷ shipped "
            "SAGC's; loss and gain ± the standard error of the per-seed ratio.", "",
