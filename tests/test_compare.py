@@ -397,12 +397,15 @@ def test_sagc_real_page_table_is_its_committed_run():
     mix = subprocess.run([sys.executable, "-m", "sagc_jax.experiments.curves", "--mix",
                           str(run.parent)], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout
-    assert "| static-4 | 0.850 ± 0.000 |" in mix and "Clock `measured`" in mix
-    # The benefit model's objective beside it, from the committed trace (issue 49's check).
+    assert "| static-4 | 0.640 ± 0.121 |" in mix and "Clock `measured`" in mix  # 3 seeds
+    # The benefit model's objective beside it, from the committed traces (issue 49's check):
+    # the mean over static-4's seeds.
     from sagc_jax.experiments.curves import benefit_per_second
 
-    bps = benefit_per_second(run)
-    assert bps["model"] > bps["measured"] > 0 and f"| static-4 | {bps['model']:.4f} |" in mix
+    bps = [benefit_per_second(r) for r in sorted(run.parent.glob("static-4-s*"))]
+    mean = float(np.mean([b["model"] for b in bps]))
+    assert len(bps) == 3 and all(b["model"] > b["measured"] > 0 for b in bps)
+    assert f"| static-4 | {mean:.4f} |" in mix
 
 
 def test_step0_eval_is_shared_only_between_runs_with_identical_start(tmp_path):
