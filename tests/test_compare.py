@@ -470,6 +470,27 @@ def test_issue49_verdict_reads_sagc_against_the_best_static_per_clock():
     assert "**no** (≥ 70 s vs static-16 77 s)" in model and model.count("yes (") == 3
 
 
+def test_seeds_needed_for_the_time_margin_pools_per_seed_spread():
+    """`curves.seeds_needed_md`: sd pooled from se × √n of policies with ≥ 2 uncensored seeds
+    (here 40 s and 20 s over 2 and 3 seeds: pooled √((1600 + 2·400) / 3) ≈ 28.3 s); the margin
+    is 10 % of the fastest static's time (8.0 s), so n = ⌈2 · 800 / 64⌉ = 25. A clock with no
+    SAGC run decided on it is not read."""
+    from sagc_jax.experiments.curves import seeds_needed_md
+
+    def pol(mean, sd, n, censored=0):
+        return {"time_to_target_s": {"mean": mean, "se": sd / math.sqrt(n), "n": n, "of": n,
+                                     "censored": censored}}
+
+    summary = {"model": {"policies": {"static-4": pol(80.0, 40.0, 2),
+                                      "static-16": pol(90.0, 20.0, 3),
+                                      "sagc-model": pol(200.0, 500.0, 3, censored=1)}},
+               "measured": {"policies": {"static-4": pol(80.0, 40.0, 2),
+                                         "static-8": pol(90.0, 20.0, 3)}}}
+    text = "\n".join(seeds_needed_md(summary))
+    assert "**25 seeds**" in text and "28 s" in text and "8 s of the fastest static's 80 s" in text
+    assert "`measured`" not in text
+
+
 def test_mix_curves_reads_another_folders_statics_on_this_folders_clock(tmp_path):
     """`curves --mix DIR --statics DIR2`: DIR2's static runs join DIR's runs, all read on the
     `model` clock of DIR's runs (a cell on another time model reuses the static runs)."""

@@ -225,3 +225,31 @@ def test_update_moves_probability_toward_rewarded_tokens():
     delta_first = (lp1 - lp0)[:, 0]
     rewarded = ro.rewards > 0
     assert delta_first[rewarded].mean() > 0 > delta_first[~rewarded].mean()
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_noise_scale_terms_are_the_chunks_own(agg):
+    """The update's noise-scale terms (`rl.noise_scale`) are its chunks': Σ|c_i|² of each
+    chunk's gradient taken alone, and the chunks' weight share Σw²/(Σw)² in [1/k, 1); one
+    chunk holding the whole batch has Σ|c_i|² = |g|² and share 1."""
+    settings = LossSettings(loss_agg=agg, max_tokens=N)
+    params = _model()[1]
+    ro = _ro(3, unscored=(1,))
+    _, m, batch, learner = _layout_update(ro, settings, optax.sgd(1.0), params)
+    k = len(batch.chunks)
+    assert k > 2 and 1.0 / k - 1e-6 <= m["noise_weight_share"] < 1.0
+    learner2, p, o = _steps(settings, optax.sgd(1.0), params)
+    learner2.warm_up(p, o)
+    chunks, seqs = learner2.to_device(batch)
+    alone = 0.0
+    for i, c in enumerate(chunks):
+        acc = learner2._compiled[("zeros", 0)](p)
+        grads, _ = learner2._compiled[("grad", len(c["tokens"]))](p, acc, c, seqs,
+                                                                  learner2._chunk_index(i))
+        alone += float(optax.tree.norm(grads, squared=True))
+    assert m["noise_chunk_grad_sq"] == pytest.approx(alone, rel=1e-5)
+    assert m["noise_chunk_grad_sq"] != pytest.approx(m["grad_norm"] ** 2, rel=1e-3)
+    _, m1, batch1, _ = _layout_update(ro, settings, optax.sgd(1.0), params, chunk_sizes=(S,))
+    assert len(batch1.chunks) == 1 and m1["noise_weight_share"] == pytest.approx(1.0)
+    assert m1["noise_chunk_grad_sq"] == pytest.approx(m1["grad_norm"] ** 2, rel=1e-5)
+    assert m1["scored_rows"] == m["scored_rows"] == float((ro.valid & ro.scored).sum())

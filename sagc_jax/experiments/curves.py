@@ -252,7 +252,33 @@ def verdict_md(summary: Mapping[str, Any]) -> list[str]:
                            f"{ge.get(fast, '')}{num(times.get(fast), '.0f')} s"),
                  yes(ok_l, f"{num(ln, '.1f')} vs {num(lb, '.1f')} tok")]
         lines.append(f"| `{clock}` | {best} | " + " | ".join(cells) + " |")
-    return [*lines, ""]
+    return [*lines, "", *seeds_needed_md(summary)]
+
+
+def seeds_needed_md(summary: Mapping[str, Any]) -> list[str]:
+    """Per clock, the seeds a policy would need for the time target's margin (10 % of the
+    fastest static's mean time) to be one standard error of the difference of two policies'
+    means: n = 2 sd² / (0.1 t)², on the clocks SAGC is judged on; sd the per-seed standard
+    deviation pooled over the policies with two or more uncensored seeds (se × √n each)."""
+    out = []
+    for clock, s in summary.items():
+        if f"sagc-{clock}" not in s["policies"]:
+            continue  # a clock SAGC was not judged on (no run decided on it)
+        st = [r["time_to_target_s"] for p, r in s["policies"].items()]
+        ok = [x for x in st if x["n"] >= 2 and not x.get("censored")]
+        statics = [r["time_to_target_s"]["mean"] for p, r in s["policies"].items()
+                   if p.startswith("static-") and r["time_to_target_s"]["n"]]
+        if not ok or not statics:
+            continue
+        dof = sum(x["n"] - 1 for x in ok)
+        sd = math.sqrt(sum((x["se"] * math.sqrt(x["n"])) ** 2 * (x["n"] - 1) for x in ok) / dof)
+        t = min(statics)
+        need = math.ceil(2.0 * sd * sd / (0.1 * t) ** 2 - 1e-9)  # not 26 for 25.000000001
+        out.append(f"Clock `{clock}`: time to target varies {sd:.0f} s from seed to seed "
+                   f"(pooled over {len(ok)} policies, {dof} degrees of freedom); for the "
+                   f"1.1 × margin ({0.1 * t:.0f} s of the fastest static's {t:.0f} s) to be one "
+                   f"standard error of a difference, each policy needs **{need} seeds**.")
+    return [*out, ""] if out else []
 
 
 def run_curves(run_dir: str | Path) -> dict[str, list[CurvePoint]]:

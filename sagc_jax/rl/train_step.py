@@ -41,8 +41,9 @@ from sagc_jax.rl.losses import (
     token_logprobs,
     token_logprobs_and_entropy,
 )
+from sagc_jax.rl.noise_scale import NOISE_SUMS, chunk_sums, with_noise_terms
 
-SUM_METRICS = ("loss", *METRICS)
+SUM_METRICS = ("loss", *METRICS, *NOISE_SUMS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +157,7 @@ def make_grad_step(graphdef: nnx.GraphDef, settings: LossSettings, *,
 
         (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(train)
         grads, sums = acc
-        m = {**m, "loss": loss}
+        m = {**m, "loss": loss, **chunk_sums(g, mask, norms, s.loss_agg, s.max_tokens)}
         return (jax.tree.map(jnp.add, grads, g),
                 {k: sums[k] + m[k] for k in SUM_METRICS})
 
@@ -171,7 +172,7 @@ def make_apply_step(optimizer: optax.GradientTransformation, settings: LossSetti
     A non-finite loss or gradient norm keeps the old params and optimizer state and reports
     `finite = 0` (the host turns that into an error after saving the last good state). Adds the
     batch metrics (grad norm, |advantage| over scored rows, the zero-std group fraction, loss
-    tokens) to the summed loss metrics.
+    tokens) to the summed loss metrics and `rl.noise_scale`'s terms.
     """
 
     def apply(params, opt_state, acc, seqs):
@@ -184,7 +185,8 @@ def make_apply_step(optimizer: optax.GradientTransformation, settings: LossSetti
         finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         w = scored.astype(jnp.float32)
-        metrics = {**sums, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32),
+        metrics = {**with_noise_terms(sums, norms), "grad_norm": grad_norm,
+                   "finite": finite.astype(jnp.float32),
                    "adv_abs_mean": (jnp.abs(adv) * w).sum() / jnp.maximum(w.sum(), 1.0),
                    "frac_reward_zero_std": frac_reward_zero_std(
                        seqs["rewards"], seqs["group_ids"], seqs["valid"],

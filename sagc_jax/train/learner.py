@@ -166,8 +166,7 @@ class Learner:
 
     def step(self, params: Any, opt_state: Any, chunks: list[Arrays],
              seqs: Arrays) -> tuple[Any, Any, Arrays]:
-        """One optimizer step on the whole batch (on device): grads accumulated over the
-        chunks, applied once."""
+        """One optimizer step on the batch: grads accumulated over the chunks, applied once."""
         self.warm_up(params, opt_state)  # compiles nothing once warmed up
         if self.needs_entropy:
             seqs = {**seqs, "entropy": self.logprobs(params, chunks, seqs, entropy=True)}

@@ -76,9 +76,8 @@ class _Updated(Exception):
 
 
 def train_one(run: Run, state: RunState, step: int) -> tuple[RunState, dict[str, Any]]:
-    """One GRPO step (0-based `step` = `state.step`): the loop in the module docstring;
-    returns the new state and the step's metrics row. A failure after the update is raised as
-    `_Updated` (its cause chained)."""
+    """One GRPO step (0-based `step` = `state.step`, the module docstring's loop) -> (new
+    state, metrics row); a failure after the update is raised as `_Updated` (cause chained)."""
     cfg, hosts = run.cfg, run.hosts
     t_step = time.perf_counter()
     c0 = compile_count()

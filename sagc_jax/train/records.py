@@ -11,7 +11,9 @@ from sagc_jax.rollout import Rollout
 #: The learner's metrics copied into the row when present (`Learner.update`).
 _LOSS_KEYS = ("loss", "pg_loss", "kl", "grad_norm", "clip_ratio", "clip_ratio_low",
               "clip_ratio_high", "ratio_mean", "adv_abs_mean", "entropy", "frac_reward_zero_std",
-              "off_policy_masked", "train_token_util")
+              "off_policy_masked", "train_token_util",
+              # the gradient noise scale's terms (`rl.noise_scale`)
+              "noise_chunk_grad_sq", "noise_weight_share", "scored_rows")
 
 
 #: Multi-turn rollouts' metrics (`rollout.episodes.play`): model turns per episode, the
