@@ -238,3 +238,26 @@ def test_logged_observations_refuse_a_trace_that_is_not_the_metrics(tmp_path):
     assert [next(steps).metrics["step"] for _ in range(2)] == [1, 2]
     with pytest.raises(ValueError, match="step 3: decode_steps"):
         next(steps)
+
+
+def test_noise_scale_page_is_its_committed_runs(capsys):
+    """tools/noise_scale_table.py over the committed noise-scale runs prints the rows their page
+    quotes, and B_noise over each whole run is far above the largest batch SAGC can choose (the
+    page's and docs/sagc.md's reading: the noise scale does not saturate at 8-32 rows)."""
+    from tools import noise_scale_table as mod
+
+    folder = RUNS.parents[1] / "noise_scale"
+    runs = sorted(p for p in folder.iterdir() if (p / "metrics.jsonl").is_file())
+    assert len(runs) >= 1
+    assert mod.main([str(r) for r in runs]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")][1:]
+    page = (folder / "README.md").read_text().splitlines()
+    for row in rows:
+        assert row in page, row
+    for r in runs:
+        terms = mod.read_rows(r)
+        b = mod.noise_scale_rows([x["grad_norm"] ** 2 for x in terms],
+                                 [x["noise_chunk_grad_sq"] for x in terms],
+                                 [x["noise_weight_share"] for x in terms],
+                                 [x["scored_rows"] for x in terms])
+        assert b is not None and b > 10 * max(x["scored_rows"] for x in terms), (r.name, b)

@@ -2,11 +2,12 @@
 
     python -m tools.noise_scale_table RUN_DIR [RUN_DIR ...] [--window 4]
 
-For each run and each window of `--window` updates: B_noise in rows (numerators and
+For each run, each window of `--window` updates and the whole run: B_noise in rows (numerators and
 denominators summed over the window's updates before the ratio, McCandlish et al. 2018, A.1),
-the rows a step scored, the informative-row share (1 − frac_reward_zero_std), and what a step's
-progress n / (n + B) would be at each G of the run's prompts a step, n the informative rows less
-one a group (the group mean's cost). Markdown on stdout.
+the rows a step scored, the informative share of its groups (1 − frac_reward_zero_std), and
+what a step's progress n / (n + B) would be at each G with the run's prompts a step, n = prompts
+× G rows (B counts rows of every kind, as the loss does: an uninformative group's rows carry a
+zero gradient). Markdown on stdout.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ def read_rows(run_dir: Path) -> list[dict]:
 
 
 def window_md(run_dir: Path, window: int) -> list[str]:
-    """One table row per window of the run."""
+    """One table row per window of the run, then one for the whole run."""
     rows = read_rows(run_dir)
     out = []
-    for i in range(0, len(rows), window):
-        w = rows[i:i + window]
+    spans = [rows[i:i + window] for i in range(0, len(rows), window)]
+    for w in spans + ([rows] if len(spans) > 1 else []):
         b = noise_scale_rows([r["grad_norm"] ** 2 for r in w],
                              [r["noise_chunk_grad_sq"] for r in w],
                              [r["noise_weight_share"] for r in w], [r["scored_rows"] for r in w])
@@ -47,8 +48,7 @@ def window_md(run_dir: Path, window: int) -> list[str]:
         if b is None:
             prog = "–"
         else:
-            prog = " / ".join(f"{n / (n + b):.2f}" for n in
-                              (prompts * inf * (g - 1) for g in GROUP_SIZES))
+            prog = " / ".join(f"{n / (n + b):.3f}" for n in (prompts * g for g in GROUP_SIZES))
         bs = "–" if b is None else f"{b:.1f}"
         out.append(f"| {run_dir.name} | {w[0]['step']}–{w[-1]['step']} | {w[0]['group_size']} | "
                    f"{sum(r['scored_rows'] for r in w) / len(w):.0f} | {inf:.2f} | {bs} | "
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--window", type=int, default=4)
     a = ap.parse_args(argv)
-    print("| run | steps | G | rows scored | informative groups | B_noise (rows) | "
+    print("| run | steps | G | rows scored | informative share of groups | B_noise (rows) | "
           "n / (n + B) at G = " + " / ".join(map(str, GROUP_SIZES)) + " |")
     print("|---|---|---:|---:|---:|---:|---|")
     for run in a.runs:
