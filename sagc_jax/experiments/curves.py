@@ -275,7 +275,8 @@ def seeds_needed_md(summary: Mapping[str, Any]) -> list[str]:
         t = min(statics)
         need = math.ceil(2.0 * sd * sd / (0.1 * t) ** 2 - 1e-9)  # not 26 for 25.000000001
         out.append(f"Clock `{clock}`: time to target varies {sd:.0f} s from seed to seed "
-                   f"(pooled over {len(ok)} policies, {dof} degrees of freedom); for the "
+                   f"(pooled over {len(ok)} polic{'ies' if len(ok) > 1 else 'y'}, {dof} "
+                   f"degree{'s' if dof > 1 else ''} of freedom); for the "
                    f"1.1 × margin ({0.1 * t:.0f} s of the fastest static's {t:.0f} s) to be one "
                    f"standard error of a difference, each policy needs **{need} seeds**.")
     return [*out, ""] if out else []
