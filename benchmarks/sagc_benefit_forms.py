@@ -8,13 +8,15 @@ run's steps from `trace.jsonl`'s rewards, binarised at 0.5 as SAGC's pass counts
 by the run's final clock) beside their held-out accuracy at the cell's budget
 (`curves.mix_curves`). A form that ranks the static Gs as accuracy does in every cell would be a
 candidate for SAGC's `benefit(g)`; read on the runs it would then be judged on, it could only be
-a candidate. Markdown on stdout.
+a candidate. Then the per-step view: held-out accuracy at each checkpoint step, mean ± standard
+error over each static G's seeds (does a step at a larger G learn more?). Markdown on stdout.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -70,5 +72,26 @@ def main() -> None:
         print(f"| {name} | {acc_md} | " + " | ".join(cells) + " |")
 
 
+def per_step() -> None:
+    """Held-out accuracy by checkpoint step per static G (mean ± se over seeds), per mix."""
+    for name, mix, _ in CELLS[:2]:
+        by: dict[int, dict[int, list[float]]] = {}
+        for run in sorted(Path(mix).glob("static-*-s*")):
+            g = int(run.name.split("-")[1])
+            for p in curves.run_curves(run)["model"]:
+                by.setdefault(p.step, {}).setdefault(g, []).append(p.accuracy)
+        steps = sorted(s for s in by if s % 8 == 0)
+        print(f"\n{name.split(',')[0]}: held-out accuracy by step (mean ± se over seeds)\n")
+        print("| G | " + " | ".join(str(s) for s in steps) + " |")
+        print("|---|" + "---|" * len(steps))
+        for g in sorted({g for s in steps for g in by[s]}):
+            cells = []
+            for s in steps:
+                st = curves.mean_se(by[s].get(g, []))
+                cells.append("–" if st.mean is None else f"{st.mean:.2f} ± {st.se:.2f} ({st.n})")
+            print(f"| {g} | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
     main()
+    per_step()
