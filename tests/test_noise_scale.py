@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ def _terms(rng, g_true, sigma, sizes):
     rows = sum(sizes)
     per_row = g_true + sigma * rng.standard_normal((rows, g_true.size))
     edges = np.cumsum([0, *sizes])
-    c = [per_row[a:b].mean(0) * (b - a) / rows for a, b in zip(edges[:-1], edges[1:])]
+    c = [per_row[a:b].mean(0) * (b - a) / rows for a, b in itertools.pairwise(edges)]
     w = np.array(sizes, float) / rows
     full = np.sum(c, axis=0)
     return float(full @ full), float(sum(ci @ ci for ci in c)), float((w**2).sum()), rows

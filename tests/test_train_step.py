@@ -235,7 +235,7 @@ def test_noise_scale_terms_are_the_chunks_own(agg):
     settings = LossSettings(loss_agg=agg, max_tokens=N)
     params = _model()[1]
     ro = _ro(3, unscored=(1,))
-    _, m, batch, learner = _layout_update(ro, settings, optax.sgd(1.0), params)
+    _, m, batch, _ = _layout_update(ro, settings, optax.sgd(1.0), params)
     k = len(batch.chunks)
     assert k > 2 and 1.0 / k - 1e-6 <= m["noise_weight_share"] < 1.0
     learner2, p, o = _steps(settings, optax.sgd(1.0), params)
