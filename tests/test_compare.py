@@ -524,3 +524,19 @@ def test_mix_curves_reads_another_folders_statics_on_this_folders_clock(tmp_path
     with pytest.raises(ValueError, match="time_model differ"):
         mix_curves(mix, statics=real)
     assert _main(["--mix", str(mix), "--stat", str(real)]) == 2
+
+
+def test_sagc_doc_benefit_tables_are_the_scripts_output():
+    """docs/sagc.md's benefit-form and per-step tables are what `python
+    benchmarks/sagc_benefit_forms.py` prints from the committed real runs (a run added to a mix
+    folder must be followed by regenerating them)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "benchmarks/sagc_benefit_forms.py"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ")]
+    doc = (ROOT / "docs" / "sagc.md").read_text().splitlines()
+    assert len(rows) >= 12
+    for row in rows:
+        assert row in doc, row
