@@ -4,8 +4,8 @@
 
 For each committed real-model cell (arith1 and arith2 on the `model` clock, arith1 on this CPU's
 time model), the static-G runs' realised benefit per second under each form (summed over the
-run's steps from `trace.jsonl`'s rewards, binarised at 0.5 as SAGC's pass counts are, divided
-by the run's final clock) beside their held-out accuracy at the cell's budget
+run's steps from `trace.jsonl`'s rewards at SAGC's pass threshold, divided by the run's final
+clock: `curves.benefit_per_second`) beside their held-out accuracy at the cell's budget
 (`curves.mix_curves`). A form that ranks the static Gs as accuracy does in every cell would be a
 candidate for SAGC's `benefit(g)`; read on the runs it would then be judged on, it could only be
 a candidate. Then the per-step view: held-out accuracy at each checkpoint step, mean ± standard
@@ -14,22 +14,29 @@ error over each static G's seeds (does a step at a larger G learn more?). Markdo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from sagc_jax.config.sagc_constants import SAGCConstants
 from sagc_jax.experiments import curves
-from sagc_jax.experiments.budget import cumulative_clock
+from sagc_jax.sagc.updates import step_benefit
 
-#: form -> benefit of one step from its pass counts k [P] of groups of g.
-FORMS: dict[str, Callable[[np.ndarray, int], float]] = {
-    "informative groups × (1 − 1/g) (SAGC's)": lambda k, g: ((k > 0) & (k < g)).sum() * (1 - 1 / g),
-    "informative groups": lambda k, g: float(((k > 0) & (k < g)).sum()),
-    "informative rows × (1 − 1/g)": lambda k, g: ((k > 0) & (k < g)).sum() * (g - 1.0),
-    "√(informative rows × (1 − 1/g))": lambda k, g: float(np.sqrt(((k > 0) & (k < g)).sum()
-                                                                  * (g - 1.0))),
+
+def _informative(r: np.ndarray) -> int:
+    """Groups of rewards r [P, g] whose pass counts (at SAGC's pass threshold) are mixed."""
+    k = (r > SAGCConstants().pass_threshold).sum(1)
+    return int(((k > 0) & (k < r.shape[1])).sum())
+
+
+#: form -> benefit of one step from its rewards r [P, g] (`curves.benefit_per_second`).
+FORMS: dict[str, Callable[[np.ndarray], float]] = {
+    "informative groups × (1 − 1/g) (SAGC's)": step_benefit,
+    "informative groups": lambda r: float(_informative(r)),
+    "informative rows × (1 − 1/g)": lambda r: _informative(r) * (r.shape[1] - 1.0),
+    "√(informative rows × (1 − 1/g))": lambda r: float(np.sqrt(_informative(r)
+                                                               * (r.shape[1] - 1.0))),
 }
 CELLS = (("arith1, `model` clock", "docs/results/sagc_real/arith1", None),
          ("arith2, `model` clock", "docs/results/sagc_real/arith2", None),
@@ -52,21 +59,14 @@ def main() -> None:
         acc_md = _rank(acc) + " (" + ", ".join(
             f"{p.removeprefix('static-')}: {s['mean']:.2f} ± {s['se']:.2f}"
             for p, s in sorted(stat.items(), key=lambda x: -x[1]["mean"])) + ")"
-        runs, tm = curves._mix_runs(mix, statics)
+        runs, tm = curves.mix_runs(mix, statics)
         per: dict[str, list[dict[str, float]]] = {}
         for run in runs:
             policy = run.name.rpartition("-s")[0]
-            if not policy.startswith("static-"):
-                continue
-            total = dict.fromkeys(FORMS, 0.0)
-            for line in (curves.data_dir(run) / "trace.jsonl").read_text().splitlines():
-                if line.strip():
-                    r = np.array([g["rewards"] for g in json.loads(line)["groups"]])
-                    for f, fn in FORMS.items():
-                        total[f] += fn((r > 0.5).sum(1), r.shape[1])
-            rows, tm_run = curves._rows_and_time_model(run, tm)
-            sec = float(cumulative_clock(rows, "model", tm_run)[-1])
-            per.setdefault(policy, []).append({f: v / sec for f, v in total.items()})
+            if policy.startswith("static-"):
+                per.setdefault(policy, []).append(
+                    {f: curves.benefit_per_second(run, tm, fn)["model"]
+                     for f, fn in FORMS.items()})
         cells = [_rank({p: float(np.mean([v[f] for v in vals])) for p, vals in per.items()})
                  for f in FORMS]
         print(f"| {name} | {acc_md} | " + " | ".join(cells) + " |")

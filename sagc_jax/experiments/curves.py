@@ -39,6 +39,7 @@ __all__ = [
     "curve",
     "mean_se",
     "mix_curves",
+    "mix_runs",
     "read_on",
     "run_curves",
     "summarize_curves",
@@ -345,7 +346,7 @@ def _committed_run(run_dir: Path, tm: Any = None) -> tuple[dict[str, list[CurveP
     return {c: curve(acc, cumulative_clock(rows, c, tm), steps) for c in CLOCKS}, length_at
 
 
-def _mix_runs(mix_dir: str | Path, statics: str | Path | None) -> tuple[list[Path], Any]:
+def mix_runs(mix_dir: str | Path, statics: str | Path | None) -> tuple[list[Path], Any]:
     """(the runs of a mix folder, the time model to read them all on: None = each its own).
     With `statics`, the static-G runs of that folder join the mix's runs, all read on the
     `model` clock of the mix's runs (which must share one): a static run's trajectory does not
@@ -364,10 +365,10 @@ def _mix_runs(mix_dir: str | Path, statics: str | Path | None) -> tuple[list[Pat
 def mix_curves(mix_dir: str | Path, statics: str | Path | None = None) -> dict[str, Any]:
     """`summarize_curves` over every committed run `<policy>-s<seed>/` of one task mix (a
     folder like docs/results/sagc_real/arith1): the cross-seed table from raw files alone
-    (`statics`: with another folder's static runs on this folder's clock, `_mix_runs`)."""
+    (`statics`: with another folder's static runs on this folder's clock, `mix_runs`)."""
     pts: dict[str, dict[str, dict[int, list[CurvePoint]]]] = {c: {} for c in CLOCKS}
     lengths: dict[str, dict[int, Callable[[float, str], float | None]]] = {}
-    runs, tm = _mix_runs(mix_dir, statics)
+    runs, tm = mix_runs(mix_dir, statics)
     for run in runs:
         policy, _, seed = run.name.rpartition("-s")
         points, length_at = _committed_run(run, tm)
@@ -377,22 +378,25 @@ def mix_curves(mix_dir: str | Path, statics: str | Path | None = None) -> dict[s
     return summarize_curves(pts, lengths)
 
 
-def benefit_per_second(run_dir: str | Path, tm: Any = None) -> dict[str, float]:
+def benefit_per_second(run_dir: str | Path, tm: Any = None,
+                       benefit: Callable[[np.ndarray], float] | None = None) -> dict[str, float]:
     """SAGC's objective realised by a run, per clock: Σ over steps of the step's benefit
-    (informative groups × (1 − 1/g), `sagc.updates.step_benefit`, from `trace.jsonl`'s
-    rewards) / the run's final clock (s). Beside held-out accuracy per second it answers
-    issue 49's check: does the benefit model rank the static Gs as learning does?"""
+    (`benefit(rewards [P, g])`; None: SAGC's own, informative groups × (1 − 1/g),
+    `sagc.updates.step_benefit`), from `trace.jsonl`'s rewards, / the run's final clock (s).
+    Beside held-out accuracy per second it answers issue 49's check: does the benefit model
+    rank the static Gs as learning does?"""
     import json
 
     from sagc_jax.experiments.budget import cumulative_clock
     from sagc_jax.sagc.updates import step_benefit
 
     run_dir = Path(run_dir)
+    benefit = step_benefit if benefit is None else benefit
     total = 0.0
     for line in (data_dir(run_dir) / "trace.jsonl").read_text().splitlines():
         groups = json.loads(line)["groups"] if line.strip() else []
         if groups:
-            total += step_benefit(np.array([g["rewards"] for g in groups], np.float64))
+            total += benefit(np.array([g["rewards"] for g in groups], np.float64))
     rows, tm = _rows_and_time_model(run_dir, tm)
     return {c: total / float(cumulative_clock(rows, c, tm)[-1]) for c in CLOCKS}
 
@@ -400,7 +404,7 @@ def benefit_per_second(run_dir: str | Path, tm: Any = None) -> dict[str, float]:
 def _benefit_md(mix_dir: str | Path, statics: str | Path | None = None) -> list[str]:
     """The benefit-per-second table of a mix folder (mean over seeds per policy and clock)."""
     per: dict[str, list[dict[str, float]]] = {}
-    runs, tm = _mix_runs(mix_dir, statics)
+    runs, tm = mix_runs(mix_dir, statics)
     for run in runs:
         if (data_dir(run) / "trace.jsonl").is_file():
             per.setdefault(run.name.rpartition("-s")[0], []).append(benefit_per_second(run, tm))
