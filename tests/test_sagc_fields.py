@@ -42,6 +42,7 @@ from sagc_jax.sagc.controller import LAYOUT, normalize_state, record_choice
 from sagc_jax.sagc.estimators import batch_prompts, posterior_risk
 from sagc_jax.sagc.events import tail_share
 from sagc_jax.sagc.observation import observation_from
+from sagc_jax.sagc.simulate import parse_sim_config, run_policies, sagc_policy
 from sagc_jax.sagc.state import Budget, SAGCState, as_dict, with_fields
 from sagc_jax.sagc.timing import DEFAULT_TIMING, TimeModel
 from sagc_jax.sagc.updates import budget_update
@@ -336,7 +337,8 @@ def test_queue_does_not_grow_after_a_no_feasible_step():
 
 
 def test_removed_keys_are_one_line_errors_saying_what_they_became(tmp_path):
-    assert len(SAGCConfig.model_fields) == 14 and {"tie_margin", "horizon"} <= set(REMOVED_KEYS)
+    # 15: `benefit` (issue 49's per-step-law test, 2026-12-06) joined the 14 the rewrite left.
+    assert len(SAGCConfig.model_fields) == 15 and {"tie_margin", "horizon"} <= set(REMOVED_KEYS)
     for key in REMOVED_KEYS:
         with pytest.raises(ConfigError) as exc:
             SAGCConfig.from_dict({key: 1})
@@ -451,6 +453,22 @@ def test_constants_passed_in_equal_the_patched_global():
             np.testing.assert_array_equal(v, runs["patched"][1][m][k])
 
 
+def test_any_group_picks_the_cheapest_rung_whose_groups_still_inform():
+    """Pass rates near 0.5: every group of 4 is informative, so any_group stays at the smallest
+    rung while the group-variance model pays for larger ones; a hard mix (pass ~8 %) needs 16
+    samples for a mixed group, and both forms go there."""
+    def mean_g(form: str, pass_rate: dict) -> float:
+        sim = parse_sim_config({
+            "steps": 40, "workload": {"prompts_per_step": 2, "pass_rate": pass_rate,
+                                      "loop_prob": 0.0}, "sagc": {"benefit": form}})
+        return float(np.mean(run_policies(sim, {"sagc": sagc_policy(sim)})["sagc"]
+                             ["group_size"][sim.sagc.warmup_steps:]))
+    easy, hard = {"a": 20, "b": 20}, {"a": 1, "b": 12}
+    assert mean_g("any_group", easy) == 4.0
+    assert mean_g("groups", easy) >= 8.0
+    assert mean_g("any_group", hard) >= 14.0 and mean_g("groups", hard) >= 14.0
+
+
 # ------------------------------------------------------------------ the map
 
 
@@ -469,6 +487,7 @@ FIELD_TESTS = {
     "rollouts_per_step": test_batch_policy_and_rollouts_per_step_set_the_rows,
     "timing": test_timing_measured_reads_the_clock_model_the_time_model,
     "time_model": test_time_model_terms_give_the_linear_cost,
+    "benefit": test_any_group_picks_the_cheapest_rung_whose_groups_still_inform,
 }
 
 

@@ -183,6 +183,13 @@ class SAGCConfig(Section):
     rollouts_per_step: Int | None = field(
         None, "Rows per step when batch_policy is 'rollouts'; divisible by every group size.", ge=1
     )
+    benefit: Literal["groups", "any_group"] = field(
+        "groups",
+        "What one step is worth (benefit(g) in benefit per second). groups: informative "
+        "groups x (1 - 1/g), the group-variance benefit; any_group: P(at least one of the "
+        "step's groups is informative), flat in the batch beyond that (a per-step law the real "
+        "runs' held-out accuracy suggests; under test, docs/sagc.md \"What one step is worth\").",
+    )
     timing: Literal["measured", "model"] = field(
         "measured",
         "Where the per-shape step cost comes from. measured: wall-clock of each rollout (true to "

@@ -133,7 +133,8 @@ def observe(
     timed = obs.decode_steps > 0 and obs.decode_s > 0
     sec = float(obs.decode_s) + max(float(obs.prefill_s), 0.0) + max(float(obs.env_s), 0.0)
     benefit = benefit_update(
-        state.benefit, rewards, i_g, lam, (step_benefit(rewards, c), sec) if timed else None,
+        state.benefit, rewards, i_g, lam,
+        (step_benefit(rewards, c, cfg.benefit), sec) if timed else None,
         0.5 ** (1.0 / rate_half_life(cfg, c)), c,
     )
     cost = cost_update(state.cost, obs, i_g, p_groups, timed, c,

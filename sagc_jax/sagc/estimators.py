@@ -290,16 +290,28 @@ def pass_rate_mixture(
     return w
 
 
+def p_informative(g: int, w: np.ndarray) -> float:
+    """P(a group of g has rewards not all equal) with p ~ the mixture ``w`` on ``PASS_GRID``."""
+    p = PASS_GRID
+    return max(0.0, 1.0 - float((w * (p**g + (1.0 - p) ** g)).sum()))
+
+
 def benefit_per_prompt(g: int, w: np.ndarray) -> float:
     """P(rewards not all equal | g) x (1 - 1/g) with p ~ the mixture ``w`` on ``PASS_GRID``."""
-    p = PASS_GRID
-    return max(0.0, 1.0 - float((w * (p**g + (1.0 - p) ** g)).sum())) * (1.0 - 1.0 / g)
+    return p_informative(g, w) * (1.0 - 1.0 / g)
 
 
 def predicted_benefit(cfg: Any, state: State, consts: SAGCConstants | None = None) -> np.ndarray:
-    """Expected informative-group benefit per step at each g: B(g) x benefit_per_prompt. [K]"""
+    """Expected benefit of one step at each g, under ``cfg.benefit``. [K]
+
+    groups: B(g) x benefit_per_prompt (informative groups x (1 - 1/g)); any_group: P(at least
+    one of the step's B(g) groups is informative) = 1 - (1 - p_informative)^B, in [0, 1]
+    (prompts drawn independently)."""
     w = pass_rate_mixture(cfg, state, consts)
     bs = batch_prompts(cfg, state)
+    if cfg.benefit == "any_group":
+        return np.array([1.0 - (1.0 - p_informative(g, w)) ** bs[i]
+                         for i, g in enumerate(cfg.group_sizes)])
     return np.array([bs[i] * benefit_per_prompt(g, w) for i, g in enumerate(cfg.group_sizes)])
 
 
@@ -329,12 +341,16 @@ def binom_llr2(k1: np.ndarray, n1: np.ndarray, k2: np.ndarray, n2: np.ndarray) -
     return binom_llr(k1, n1, pool) + binom_llr(k2, n2, pool)
 
 
-def realised_benefit(rewards: np.ndarray, threshold: float) -> float:
-    """Σ over groups [passes not all equal] x (1 - 1/g). rewards: [P, g] (binarised at threshold,
-    as the benefit model is)."""
+def realised_benefit(rewards: np.ndarray, threshold: float, form: str = "groups") -> float:
+    """One step's benefit from its rewards [P, g] (binarised at threshold, as the benefit model
+    is). form groups: Σ over groups [passes not all equal] x (1 - 1/g); any_group: 1.0 if some
+    group's passes are mixed, else 0.0 (``SAGCConfig.benefit``)."""
     g = rewards.shape[-1]
     k = (rewards > threshold).sum(-1)
-    return float(((k > 0) & (k < g)).sum()) * (1.0 - 1.0 / g)
+    informative = int(((k > 0) & (k < g)).sum())
+    if form == "any_group":
+        return float(informative > 0)
+    return informative * (1.0 - 1.0 / g)
 
 
 def length_trend(

@@ -8,7 +8,8 @@ command line and report: ``simulate_cli.py``). Config schema (all keys optional,
 
 Per step and policy: rollout seconds = prefill(rows) + decode_steps x t_decode(rows), with
 decode_steps the batch's longest row rounded up to ``timing.decode_chunk``; realised benefit =
-Σ over groups [rewards not all equal] x (1 - 1/g); straggler rate = the mean straggler cost of
+Σ over groups [rewards not all equal] x (1 - 1/g) (``progress: any_group``: 1 if any group's
+rewards are mixed, else 0); straggler rate = the mean straggler cost of
 the step's groups under ``sagc.straggler`` (the controller's definition). The controller's
 horizon is ``steps`` and the seed of its draws ``seed`` (passed to it, as the trainer passes
 run.steps).
@@ -46,6 +47,9 @@ DEFAULT_SIM: dict[str, Any] = {
     "tolerance": 0.01,  # meets_delta: straggler_rate <= sagc.delta + tolerance
     "plot_window": 50,  # rolling window (steps) of the straggler-rate plot
     "oracle_window": 100,  # steps per oracle phase inside a ramp (piecewise phases are whole)
+    # What a step is worth in the simulated world (the judged benefit, not the controller's
+    # model): groups = informative groups x (1 - 1/g); any_group = 1 if any group is.
+    "progress": "groups",
     "workload": {
         "prompts_per_step": 16,
         "max_new_tokens": 512,
@@ -90,6 +94,7 @@ class SimConfig:
     # played model turn and row, one after another, so a step's environment seconds grow with
     # rows x turns. Not device time: neither noise nor drift scales it.
     env_call_s: float = 0.0
+    progress: str = "groups"  # the judged per-step benefit law (DEFAULT_SIM["progress"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,6 +125,9 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         raise ValueError(f"tolerance: a number in [0, 1), got {tol!r}")
     window = _int(raw.get("plot_window", DEFAULT_SIM["plot_window"]), "plot_window", 1)
     owin = _int(raw.get("oracle_window", DEFAULT_SIM["oracle_window"]), "oracle_window", 1)
+    progress = raw.get("progress", DEFAULT_SIM["progress"])
+    if progress not in ("groups", "any_group"):
+        raise ValueError(f"progress: 'groups' or 'any_group', got {progress!r}")
     sagc_raw = raw.get("sagc") or {}
     if not isinstance(sagc_raw, dict):
         raise ValueError(f"sagc: a mapping, got {sagc_raw!r}")
@@ -217,6 +225,7 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
         float(extra["noise"]),
         float(extra["drift"]),
         float(extra["env_call_s"]),
+        progress,
     )
 
 
@@ -266,8 +275,9 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int, factor: float = 1.0
         # rare cut by an over-long reply is counted as no call: a slight under-count).
         calls = int((draw.turns[:b, :g] > 0).sum()) - int(truncated.sum())
         env = sim.env_call_s * max(calls, 0)
-    informative = (rewards.max(-1) != rewards.min(-1)).sum()
-    benefit = float(informative) * (1.0 - 1.0 / g)
+    informative = int((rewards.max(-1) != rewards.min(-1)).sum())
+    benefit = (float(informative > 0) if sim.progress == "any_group"
+               else informative * (1.0 - 1.0 / g))
     obs = Observation(
         group_size=g,
         lengths=lengths.reshape(-1),

@@ -309,6 +309,8 @@ def longest_row_steps(obs: Observation) -> int:
     return max(steps, max(int(obs.decode_chunk), 1))
 
 
-def step_benefit(rewards: np.ndarray, consts: SAGCConstants | None = None) -> float:
-    """The step's realised benefit (informative groups x (1 - 1/g)) at the pass threshold."""
-    return realised_benefit(rewards, resolve(consts).pass_threshold)
+def step_benefit(rewards: np.ndarray, consts: SAGCConstants | None = None,
+                 form: str = "groups") -> float:
+    """The step's realised benefit at the pass threshold under ``form`` (``SAGCConfig.benefit``;
+    groups: informative groups x (1 - 1/g)). rewards: [P, g]."""
+    return realised_benefit(rewards, resolve(consts).pass_threshold, form)

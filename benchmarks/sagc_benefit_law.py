@@ -1,0 +1,96 @@
+"""Issue 49: SAGC's benefit model against the world's per-step law, in the simulator.
+
+    python benchmarks/sagc_benefit_law.py              # runs what is missing, prints the table
+    python benchmarks/sagc_benefit_law.py --table-only # the table from the committed JSONs
+
+The real runs' held-out accuracy per step is nearly flat in G (docs/sagc.md, "What one step is
+worth"), which reads like "a step is worth one step if some group in it is informative" rather
+than today's "informative groups x (1 - 1/g)". Which benefit model should SAGC carry depends on
+which law holds, and a wrong model costs something either way. This measures the cost, at the
+real runs' shape (48 steps, 2 prompts a step, no budget, every suite workload, 40 seeds, common
+random numbers): for each world law (simulator ``progress: groups | any_group``) and each clock
+(each workload's own accelerator-like time model, and this CPU's fit,
+`benchmarks/cpu_time_model.py`), shipped SAGC (``sagc.benefit: groups``) and the alternative
+(``any_group``) as a ratio to the best static G's pooled benefit/s under that law. Raw suite JSONs:
+benchmarks/results/sagc_benefit_law/<law>_<clock>.json (`tools/sagc_suite.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "sagc_benefit_law"
+SEEDS = 40
+SHAPE = ("steps=48", "workload.prompts_per_step=2")
+#: This CPU's time model (benchmarks/results/cpu_time_model.json's fit; the one the real
+#: cpuclock runs use): the world's clock and SAGC's time model alike.
+CPU = {"decode_a": 0.0558904, "decode_b": 0.00253875, "prefill_a": 0.36022,
+       "prefill_b": 0.00178673}
+CLOCKS = {
+    "model": (),
+    "cpu": tuple(f"{sec}.{k}={v}" for k, v in CPU.items() for sec in ("timing", "sagc.time_model")),
+}
+LAWS = ("groups", "any_group")
+
+
+def run(law: str, clock: str, workers: int, cache: Path) -> Path:
+    """One suite run (skipped when its JSON exists); returns the JSON's path."""
+    out = OUT / f"{law}_{clock}.json"
+    if out.exists():
+        return out
+    OUT.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "tools.sagc_suite", "--seeds", str(SEEDS), "--pop-seeds", "2",
+           "--workers", str(workers), "--no-budget", "--cache", str(cache),
+           "--variant", "any=benefit=any_group", "--json", str(out),
+           "--set", *SHAPE, f"progress={law}", *CLOCKS[clock]]
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def table() -> str:
+    """Markdown: per workload, SAGC's and the alternative's pooled benefit/s over the best
+    static's, under each (law, clock); the last row the worst workload."""
+    cols = [(law, clock) for law in LAWS for clock in CLOCKS]
+    data = {c: json.loads((OUT / f"{c[0]}_{c[1]}.json").read_text()) for c in cols}
+    names = list(data[cols[0]]["workloads"])
+    head = " | ".join(f"law {law}, {clock} clock: groups / any_group (best static)"
+                      for law, clock in cols)
+    lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols)]
+    worst = {c: [1e9, 1e9] for c in cols}
+    for name in names:
+        cells = []
+        for c in cols:
+            w = data[c]["workloads"][name]
+            pol = w["policies"]
+            best = pol[w["best_static"]]["benefit_per_s"]
+            r = [pol[p]["benefit_per_s"] / best for p in ("sagc", "any")]
+            worst[c] = [min(a, b) for a, b in zip(worst[c], r, strict=True)]
+            cells.append(f"{r[0]:.3f} / {r[1]:.3f} ({w['best_static'].removeprefix('static-')})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| **worst** | " + " | ".join(f"**{worst[c][0]:.3f} / {worst[c][1]:.3f}**"
+                                             for c in cols) + " |")
+    seeds = {data[c]["meta"]["seeds"] for c in cols}
+    return "\n".join(lines) + f"\n\nSeeds: {sorted(seeds)}; commits: " + ", ".join(
+        sorted({data[c]["meta"]["commit"] for c in cols}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--cache", default=str(ROOT / "runs" / "sim_cache" / "benefit_law"))
+    a = ap.parse_args()
+    if not a.table_only:
+        for law in LAWS:
+            for clock in CLOCKS:
+                run(law, clock, a.workers, Path(a.cache))
+    print(table())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""`sagc.benefit: any_group` (a step is worth one step if any group in it is informative) and
+the simulator's matching world law `progress: any_group` (issue 49; docs/sagc.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sagc_jax.sagc import SAGCConfig, init_state
+from sagc_jax.sagc.estimators import (
+    PASS_GRID,
+    batch_prompts,
+    pass_rate_mixture,
+    predicted_benefit,
+    realised_benefit,
+)
+from sagc_jax.sagc.simulate import parse_sim_config, run_step
+from sagc_jax.sagc.state import with_fields
+
+
+def test_realised_benefit_any_group_is_one_if_some_group_is_mixed():
+    r = np.array([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    assert realised_benefit(r, 0.5) == pytest.approx(0.75)  # one group x (1 - 1/4)
+    assert realised_benefit(r, 0.5, "any_group") == 1.0
+    assert realised_benefit(np.ones((2, 4)), 0.5, "any_group") == 0.0
+    assert realised_benefit(np.zeros((3, 8)), 0.5, "any_group") == 0.0
+
+
+def test_predicted_any_group_is_the_chance_of_one_informative_group():
+    """The model's P(>= 1 of the step's B groups informative) against a Monte Carlo draw of
+    B prompts from the fitted pass-rate mixture, g samples each."""
+    cfg = SAGCConfig(group_sizes=(4, 8, 16), initial_group_size=4, benefit="any_group")
+    state = init_state(cfg)
+    hist = np.zeros_like(state.benefit.pass_hist)
+    hist[0, :5] = [30.0, 4.0, 3.0, 5.0, 8.0]  # most groups of 4 all wrong: a hard mix
+    state = with_fields(state, "benefit", pass_hist=hist)
+    pred = predicted_benefit(cfg, state)
+    w, bs = pass_rate_mixture(cfg, state), batch_prompts(cfg, state)
+    rng = np.random.default_rng(0)
+    n = 200_000
+    for i, g in enumerate(cfg.group_sizes):
+        b = int(bs[i])
+        p = rng.choice(PASS_GRID, size=(n, b), p=w)
+        k = rng.binomial(g, p)
+        mc = ((k > 0) & (k < g)).any(-1).mean()
+        assert pred[i] == pytest.approx(mc, abs=0.01), g
+    assert (np.diff(pred) > 0).all() and pred.max() <= 1.0
+    groups = predicted_benefit(cfg.model_copy(update={"benefit": "groups"}), state)
+    assert not np.allclose(groups, pred)
+
+
+@pytest.mark.parametrize("form", ["groups", "any_group"])
+def test_sim_progress_law_is_the_judged_benefit(form):
+    sim = parse_sim_config({"steps": 20, "workload": {"prompts_per_step": 2}, "progress": form})
+    seen = set()
+    for step in range(20):
+        obs, _, ben = run_step(sim, sim.workload.draw(step), 8)
+        r = np.asarray(obs.rewards).reshape(-1, 8)
+        mixed = int((r.max(-1) != r.min(-1)).sum())
+        assert ben == (float(mixed > 0) if form == "any_group" else mixed * (1 - 1 / 8))
+        seen.add(mixed)
+    assert {1, 2} <= seen  # both laws differ on these draws: one and two mixed groups
+
+
+def test_sim_progress_rejects_unknown_law():
+    with pytest.raises(ValueError, match="progress"):
+        parse_sim_config({"progress": "rows"})
