@@ -65,3 +65,20 @@ def test_sim_progress_law_is_the_judged_benefit(form):
 def test_sim_progress_rejects_unknown_law():
     with pytest.raises(ValueError, match="progress"):
         parse_sim_config({"progress": "rows"})
+
+
+def test_benefit_law_table_is_its_committed_runs():
+    """docs/sagc.md's "What one step is worth" table is what `python
+    benchmarks/sagc_benefit_law.py --table-only` prints from the committed suite JSONs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "benchmarks/sagc_benefit_law.py", "--table-only"],
+                         capture_output=True, text=True, check=True, cwd=root).stdout
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ")]
+    doc = (root / "docs" / "sagc.md").read_text().splitlines()
+    assert len(rows) == 17  # header, 15 workloads, worst
+    for row in rows:
+        assert row in doc, row

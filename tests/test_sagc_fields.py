@@ -76,7 +76,7 @@ def _decided(cfg: SAGCConfig, a, b, *, g_idx: int | None = None, queue: float = 
 ONE_TAIL = [[10, 10, 10, 25], [10, 10, 10, 10]]
 
 
-# ------------------------------------------------------------------ the 14 fields
+# ------------------------------------------------------------------ the 15 fields
 
 
 def test_enabled_false_holds_initial_group_size():
