@@ -72,6 +72,8 @@ SAGC_INIT16 = SAGC_REAL.parent / "sagc_real_init16"
 SAGC_INIT8 = SAGC_REAL.parent / "sagc_real_init8"
 #: Today's controller deciding on this CPU's fitted time model (benchmarks/cpu_time_model.py).
 SAGC_CPU = SAGC_REAL.parent / "sagc_real_cpuclock"
+#: The same, with `sagc.benefit: any_group` (docs/sagc.md, "What one step is worth").
+SAGC_CPU_ANY = SAGC_REAL.parent / "sagc_real_cpuclock_any"
 _ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST}
 _FLAT = sc.FLAT_MODEL_COST
 SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
@@ -80,7 +82,8 @@ SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
              *((d, _FLAT) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*"))),
              *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
                if not (d / SAME_AS).is_file()),
-             *((d, {}) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*")))]
+             *((d, {}) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*"))),
+             *((d, {}) for d in sorted(SAGC_CPU_ANY.glob("arith*/sagc-model-s*")))]
 #: SAGC runs not trained because they are a static run (`curves.SAME_AS`).
 SAGC_SAME_AS = sorted(d for d in SAGC_REAL.glob("arith*/sagc-model-s*") if (d / SAME_AS).is_file())
 
