@@ -347,7 +347,13 @@ def realised_benefit(rewards: np.ndarray, threshold: float, form: str = "groups"
     group's passes are mixed, else 0.0 (``SAGCConfig.benefit``)."""
     g = rewards.shape[-1]
     k = (rewards > threshold).sum(-1)
-    informative = int(((k > 0) & (k < g)).sum())
+    return step_worth(int(((k > 0) & (k < g)).sum()), g, form)
+
+
+def step_worth(informative: int, g: int, form: str = "groups") -> float:
+    """One step's benefit from its count of informative groups of size g, under ``form``
+    (groups: informative x (1 - 1/g); any_group: 1.0 if any, else 0.0). Shared by the
+    controller's realised benefit and the simulator's world law."""
     if form == "any_group":
         return float(informative > 0)
     return informative * (1.0 - 1.0 / g)

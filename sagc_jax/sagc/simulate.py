@@ -28,6 +28,7 @@ import numpy as np
 from sagc_jax.config import apply_overrides, read_yaml
 from sagc_jax.config.errors import ConfigError
 from sagc_jax.config.sagc import SAGCConfig
+from sagc_jax.sagc.estimators import step_worth
 from sagc_jax.sagc.events import Observation
 from sagc_jax.sagc.oracle import oracle_from_trajectories, phase_bounds
 from sagc_jax.sagc.policy import SAGCPolicy, StaticPolicy
@@ -275,9 +276,7 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int, factor: float = 1.0
         # rare cut by an over-long reply is counted as no call: a slight under-count).
         calls = int((draw.turns[:b, :g] > 0).sum()) - int(truncated.sum())
         env = sim.env_call_s * max(calls, 0)
-    informative = int((rewards.max(-1) != rewards.min(-1)).sum())
-    benefit = (float(informative > 0) if sim.progress == "any_group"
-               else informative * (1.0 - 1.0 / g))
+    benefit = step_worth(int((rewards.max(-1) != rewards.min(-1)).sum()), g, sim.progress)
     obs = Observation(
         group_size=g,
         lengths=lengths.reshape(-1),
