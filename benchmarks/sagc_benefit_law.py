@@ -38,16 +38,22 @@ CLOCKS = {
 LAWS = ("groups", "any_group")
 
 
-def run(law: str, clock: str, workers: int, cache: Path) -> Path:
+#: The warm-up rung under test: any_group warming up at the smallest rung, in its own world on
+#: this CPU's clock (file name -> extra variant).
+INIT4 = ("any_group_cpu_init4", "any_init4=benefit=any_group,initial_group_size=4")
+
+
+def run(law: str, clock: str, workers: int, cache: Path, name: str | None = None,
+        extra: tuple[str, ...] = ()) -> Path:
     """One suite run (skipped when its JSON exists); returns the JSON's path."""
-    out = OUT / f"{law}_{clock}.json"
+    out = OUT / f"{name or f'{law}_{clock}'}.json"
     if out.exists():
         return out
     OUT.mkdir(parents=True, exist_ok=True)
+    variants = [a for v in ("any=benefit=any_group", *extra) for a in ("--variant", v)]
     cmd = [sys.executable, "-m", "tools.sagc_suite", "--seeds", str(SEEDS), "--pop-seeds", "2",
-           "--workers", str(workers), "--no-budget", "--cache", str(cache),
-           "--variant", "any=benefit=any_group", "--json", str(out),
-           "--set", *SHAPE, f"progress={law}", *CLOCKS[clock]]
+           "--workers", str(workers), "--no-budget", "--cache", str(cache), *variants,
+           "--json", str(out), "--set", *SHAPE, f"progress={law}", *CLOCKS[clock]]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return out
 
@@ -79,6 +85,20 @@ def table() -> str:
         sorted({data[c]["meta"]["commit"] for c in cols}))
 
 
+def init4_table() -> str:
+    """Markdown: any_group warming up at the largest rung (shipped) and at the smallest, pooled
+    benefit/s over the best static's, any_group world, CPU clock."""
+    d = json.loads((OUT / f"{INIT4[0]}.json").read_text())
+    lines = ["| workload | warm-up at 16 | warm-up at 4 (best static) |", "|---|---|---|"]
+    for name, w in d["workloads"].items():
+        pol = w["policies"]
+        best = pol[w["best_static"]]["benefit_per_s"]
+        lines.append(f"| {name} | {pol['any']['benefit_per_s'] / best:.3f} | "
+                     f"{pol['any_init4']['benefit_per_s'] / best:.3f} "
+                     f"({w['best_static'].removeprefix('static-')}) |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--table-only", action="store_true")
@@ -89,7 +109,10 @@ def main() -> None:
         for law in LAWS:
             for clock in CLOCKS:
                 run(law, clock, a.workers, Path(a.cache))
+        run("any_group", "cpu", a.workers, Path(a.cache), *INIT4[:1], extra=INIT4[1:])
     print(table())
+    print("\nany_group world, CPU clock: the warm-up rung\n")
+    print(init4_table())
 
 
 if __name__ == "__main__":
