@@ -37,6 +37,8 @@ FORMS: dict[str, Callable[[np.ndarray], float]] = {
     "informative rows × (1 − 1/g)": lambda r: _informative(r) * (r.shape[1] - 1.0),
     "√(informative rows × (1 − 1/g))": lambda r: float(np.sqrt(_informative(r)
                                                                * (r.shape[1] - 1.0))),
+    # `sagc.benefit: any_group`'s realised value: 1 if any group of the step is informative.
+    "any group informative (1 / 0)": lambda r: step_benefit(r, form="any_group"),
 }
 CELLS = (("arith1, `model` clock", "docs/results/sagc_real/arith1", None),
          ("arith2, `model` clock", "docs/results/sagc_real/arith2", None),
