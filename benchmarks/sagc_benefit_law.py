@@ -12,7 +12,9 @@ random numbers): for each world law (simulator ``progress: groups | any_group``)
 (each workload's own accelerator-like time model, and this CPU's fit,
 `benchmarks/cpu_time_model.py`), shipped SAGC (``sagc.benefit: groups``) and the alternative
 (``any_group``) as a ratio to the best static G's pooled benefit/s under that law. Raw suite JSONs:
-benchmarks/results/sagc_benefit_law/<law>_<clock>.json (`tools/sagc_suite.py`).
+benchmarks/results/sagc_benefit_law/<law>_<clock>.json (`tools/sagc_suite.py`). Then the
+warm-up rung: both models warming up at the smallest rung instead of the largest, in every
+cell (<law>_<clock>_init4.json).
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ CLOCKS = {
 LAWS = ("groups", "any_group")
 
 
-#: The warm-up rung under test: any_group warming up at the smallest rung, in its own world on
-#: this CPU's clock (file name -> extra variant).
-INIT4 = ("any_group_cpu_init4", "any_init4=benefit=any_group,initial_group_size=4")
+#: The warm-up rung: both benefit models warming up at the smallest rung (4) instead of the
+#: shipped largest (16), in every (law, clock) cell: `<law>_<clock>_init4.json`, whose `any` is
+#: the same as the law file's (common random numbers) and `groups4` / `any4` the new variants.
+INIT4 = ("groups4=initial_group_size=4", "any4=benefit=any_group,initial_group_size=4")
 
 
 def run(law: str, clock: str, workers: int, cache: Path, name: str | None = None,
@@ -86,16 +89,33 @@ def table() -> str:
 
 
 def init4_table() -> str:
-    """Markdown: any_group warming up at the largest rung (shipped) and at the smallest, pooled
-    benefit/s over the best static's, any_group world, CPU clock."""
-    d = json.loads((OUT / f"{INIT4[0]}.json").read_text())
-    lines = ["| workload | warm-up at 16 | warm-up at 4 (best static) |", "|---|---|---|"]
-    for name, w in d["workloads"].items():
-        pol = w["policies"]
-        best = pol[w["best_static"]]["benefit_per_s"]
-        lines.append(f"| {name} | {pol['any']['benefit_per_s'] / best:.3f} | "
-                     f"{pol['any_init4']['benefit_per_s'] / best:.3f} "
-                     f"({w['best_static'].removeprefix('static-')}) |")
+    """Markdown: each benefit model warming up at the largest rung (shipped, 16) and at the
+    smallest (4), pooled benefit/s over the best static's, per (law, clock) cell; then the worst
+    workload and how many workloads reach 0.98."""
+    cols = [(law, clock) for law in LAWS for clock in CLOCKS]
+    data = {c: json.loads((OUT / f"{c[0]}_{c[1]}_init4.json").read_text()) for c in cols}
+    head = " | ".join(f"law {law}, {clock} clock: groups 16 / 4; any_group 16 / 4 (best)"
+                      for law, clock in cols)
+    lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols)]
+    ratios: dict[tuple[str, str], list[list[float]]] = {c: [] for c in cols}
+    for name in data[cols[0]]["workloads"]:
+        cells = []
+        for c in cols:
+            w = data[c]["workloads"][name]
+            pol = w["policies"]
+            best = pol[w["best_static"]]["benefit_per_s"]
+            r = [pol[p]["benefit_per_s"] / best for p in ("sagc", "groups4", "any", "any4")]
+            ratios[c].append(r)
+            cells.append(f"{r[0]:.3f} / {r[1]:.3f}; {r[2]:.3f} / {r[3]:.3f} "
+                         f"({w['best_static'].removeprefix('static-')})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    worst = [[min(r[i] for r in ratios[c]) for i in range(4)] for c in cols]
+    lines.append("| **worst** | " + " | ".join(
+        f"**{w[0]:.3f} / {w[1]:.3f}; {w[2]:.3f} / {w[3]:.3f}**" for w in worst) + " |")
+    n = len(ratios[cols[0]])
+    lines.append(f"| ≥ 0.98 (of {n}) | " + " | ".join(
+        "; ".join(" / ".join(str(sum(r[i] >= 0.98 for r in ratios[c])) for i in pair)
+                  for pair in ((0, 1), (2, 3))) for c in cols) + " |")
     return "\n".join(lines)
 
 
@@ -109,9 +129,9 @@ def main() -> None:
         for law in LAWS:
             for clock in CLOCKS:
                 run(law, clock, a.workers, Path(a.cache))
-        run("any_group", "cpu", a.workers, Path(a.cache), *INIT4[:1], extra=INIT4[1:])
+                run(law, clock, a.workers, Path(a.cache), f"{law}_{clock}_init4", extra=INIT4)
     print(table())
-    print("\nany_group world, CPU clock: the warm-up rung\n")
+    print("\nThe warm-up rung (`initial_group_size` 16, shipped, against 4)\n")
     print(init4_table())
 
 
