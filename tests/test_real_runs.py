@@ -72,8 +72,9 @@ SAGC_INIT16 = SAGC_REAL.parent / "sagc_real_init16"
 SAGC_INIT8 = SAGC_REAL.parent / "sagc_real_init8"
 #: Today's controller deciding on this CPU's fitted time model (benchmarks/cpu_time_model.py).
 SAGC_CPU = SAGC_REAL.parent / "sagc_real_cpuclock"
-#: The same, with `sagc.benefit: any_group` (docs/sagc.md, "What one step is worth").
-SAGC_CPU_ANY = SAGC_REAL.parent / "sagc_real_cpuclock_any"
+#: The same, with `sagc.benefit: any_group` (docs/sagc.md, "What one step is worth"), and
+#: with it warming up at the smallest rung (`sagc_real_cpuclock_any_init4/`).
+SAGC_CPU_ANY = sorted(SAGC_REAL.parent.glob("sagc_real_cpuclock_any*/arith*/sagc-model-s*"))
 _ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST}
 _FLAT = sc.FLAT_MODEL_COST
 SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
@@ -83,7 +84,7 @@ SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
              *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
                if not (d / SAME_AS).is_file()),
              *((d, {}) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*"))),
-             *((d, {}) for d in sorted(SAGC_CPU_ANY.glob("arith*/sagc-model-s*")))]
+             *((d, {}) for d in SAGC_CPU_ANY)]
 #: SAGC runs not trained because they are a static run (`curves.SAME_AS`).
 SAGC_SAME_AS = sorted(d for d in SAGC_REAL.glob("arith*/sagc-model-s*") if (d / SAME_AS).is_file())
 
