@@ -61,6 +61,14 @@ def run(law: str, clock: str, workers: int, cache: Path, name: str | None = None
     return out
 
 
+def _over_best(w: dict, policies: tuple[str, ...]) -> tuple[list[float], str]:
+    """One workload's pooled benefit/s of `policies` over its best static's, and that static's G."""
+    pol = w["policies"]
+    best = pol[w["best_static"]]["benefit_per_s"]
+    return [pol[p]["benefit_per_s"] / best for p in policies], w["best_static"].removeprefix(
+        "static-")
+
+
 def table() -> str:
     """Markdown: per workload, SAGC's and the alternative's pooled benefit/s over the best
     static's, under each (law, clock); the last row the worst workload."""
@@ -74,12 +82,9 @@ def table() -> str:
     for name in names:
         cells = []
         for c in cols:
-            w = data[c]["workloads"][name]
-            pol = w["policies"]
-            best = pol[w["best_static"]]["benefit_per_s"]
-            r = [pol[p]["benefit_per_s"] / best for p in ("sagc", "any")]
+            r, g = _over_best(data[c]["workloads"][name], ("sagc", "any"))
             worst[c] = [min(a, b) for a, b in zip(worst[c], r, strict=True)]
-            cells.append(f"{r[0]:.3f} / {r[1]:.3f} ({w['best_static'].removeprefix('static-')})")
+            cells.append(f"{r[0]:.3f} / {r[1]:.3f} ({g})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("| **worst** | " + " | ".join(f"**{worst[c][0]:.3f} / {worst[c][1]:.3f}**"
                                              for c in cols) + " |")
@@ -101,13 +106,9 @@ def init4_table() -> str:
     for name in data[cols[0]]["workloads"]:
         cells = []
         for c in cols:
-            w = data[c]["workloads"][name]
-            pol = w["policies"]
-            best = pol[w["best_static"]]["benefit_per_s"]
-            r = [pol[p]["benefit_per_s"] / best for p in ("sagc", "groups4", "any", "any4")]
+            r, g = _over_best(data[c]["workloads"][name], ("sagc", "groups4", "any", "any4"))
             ratios[c].append(r)
-            cells.append(f"{r[0]:.3f} / {r[1]:.3f}; {r[2]:.3f} / {r[3]:.3f} "
-                         f"({w['best_static'].removeprefix('static-')})")
+            cells.append(f"{r[0]:.3f} / {r[1]:.3f}; {r[2]:.3f} / {r[3]:.3f} ({g})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     worst = [[min(r[i] for r in ratios[c]) for i in range(4)] for c in cols]
     lines.append("| **worst** | " + " | ".join(
