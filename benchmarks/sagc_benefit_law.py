@@ -14,7 +14,8 @@ random numbers): for each world law (simulator ``progress: groups | any_group``)
 (``any_group``) as a ratio to the best static G's pooled benefit/s under that law. Raw suite JSONs:
 benchmarks/results/sagc_benefit_law/<law>_<clock>.json (`tools/sagc_suite.py`). Then the
 warm-up rung: both models warming up at the smallest rung instead of the largest, in every
-cell (<law>_<clock>_init4.json).
+cell (<law>_<clock>_init4.json), and at the rung the prior prices best
+(<law>_<clock>_prior.json).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ LAWS = ("groups", "any_group")
 #: shipped largest (16), in every (law, clock) cell: `<law>_<clock>_init4.json`, whose `any` is
 #: the same as the law file's (common random numbers) and `groups4` / `any4` the new variants.
 INIT4 = ("groups4=initial_group_size=4", "any4=benefit=any_group,initial_group_size=4")
+#: The clock-aware warm-up rung: both benefit models warming up where the prior prices best
+#: (the `prior_start` constant: uniform pass rate, every group's longest row at the cap, off
+#: the time model), in every cell: `<law>_<clock>_prior.json`.
+PRIOR = ("groupsP=prior_start=true", "anyP=benefit=any_group,prior_start=true")
 
 
 def run(law: str, clock: str, workers: int, cache: Path, name: str | None = None,
@@ -93,20 +98,22 @@ def table() -> str:
         sorted({data[c]["meta"]["commit"] for c in cols}))
 
 
-def init4_table() -> str:
-    """Markdown: each benefit model warming up at the largest rung (shipped, 16) and at the
-    smallest (4), pooled benefit/s over the best static's, per (law, clock) cell; then the worst
-    workload and how many workloads reach 0.98."""
+def start_table(suffix: str = "init4", label: str = "4") -> str:
+    """Markdown: each benefit model warming up at the largest rung (shipped, 16) and at another
+    start (`suffix` init4: the smallest rung, 4; prior: the prior's best), pooled benefit/s over
+    the best static's, per (law, clock) cell; then the worst workload and how many workloads
+    reach 0.98."""
     cols = [(law, clock) for law in LAWS for clock in CLOCKS]
-    data = {c: json.loads((OUT / f"{c[0]}_{c[1]}_init4.json").read_text()) for c in cols}
-    head = " | ".join(f"law {law}, {clock} clock: groups 16 / 4; any_group 16 / 4 (best)"
-                      for law, clock in cols)
+    data = {c: json.loads((OUT / f"{c[0]}_{c[1]}_{suffix}.json").read_text()) for c in cols}
+    alt = {"init4": ("groups4", "any4"), "prior": ("groupsP", "anyP")}[suffix]
+    head = " | ".join(f"law {law}, {clock} clock: groups 16 / {label}; any_group 16 / {label} "
+                      "(best)" for law, clock in cols)
     lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols)]
     ratios: dict[tuple[str, str], list[list[float]]] = {c: [] for c in cols}
     for name in data[cols[0]]["workloads"]:
         cells = []
         for c in cols:
-            r, g = _over_best(data[c]["workloads"][name], ("sagc", "groups4", "any", "any4"))
+            r, g = _over_best(data[c]["workloads"][name], ("sagc", alt[0], "any", alt[1]))
             ratios[c].append(r)
             cells.append(f"{r[0]:.3f} / {r[1]:.3f}; {r[2]:.3f} / {r[3]:.3f} ({g})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -131,9 +138,12 @@ def main() -> None:
             for clock in CLOCKS:
                 run(law, clock, a.workers, Path(a.cache))
                 run(law, clock, a.workers, Path(a.cache), f"{law}_{clock}_init4", extra=INIT4)
+                run(law, clock, a.workers, Path(a.cache), f"{law}_{clock}_prior", extra=PRIOR)
     print(table())
     print("\nThe warm-up rung (`initial_group_size` 16, shipped, against 4)\n")
-    print(init4_table())
+    print(start_table())
+    print("\nThe prior's warm-up rung (16, shipped, against the `prior_start` constant's)\n")
+    print(start_table("prior", "P"))
 
 
 if __name__ == "__main__":

@@ -187,7 +187,9 @@ def choose(
     reach = (np.arange(n) - cur) <= step
     eligible = np.zeros(n, bool)  # stays empty when no score decision is made
     if int(dec.step) < cfg.warmup_steps:
-        idx, reason = sizes.tolist().index(cfg.start_group_size), "warmup"
+        # Warm-up holds the first step's rung (observe records each step's g in g_idx).
+        idx = start_index(cfg, benefit, cost, c) if int(dec.step) == 0 else cur
+        reason = "warmup"
     elif not feasible.any():
         idx, reason = 0, "no_feasible"  # the smallest g, held
     else:
@@ -211,6 +213,22 @@ def choose(
         risk_cap=None if cfg.delta is None else float(cap), benefit_rate=float(lam_rate),
         feasible=feasible, reachable=reach, eligible=eligible,
     )
+
+
+def start_index(cfg: SAGCConfig, benefit: np.ndarray, cost: np.ndarray,
+                consts: SAGCConstants | None = None) -> int:
+    """Index of the first step's rung: ``initial_group_size``, else (null) the largest rung, or
+    with the ``prior_start`` constant and ``timing: model`` the best prior benefit per second.
+
+    benefit, cost: the rungs' predicted benefit and seconds a step before any observation,
+    float [K] (a uniform pass rate; every group's longest row at max_new_tokens, priced off the
+    time model when the state knows the step's shape, ``init_state(prompts=, max_new_tokens=)``).
+    Measured timing has no price before its first step, so it keeps the largest rung.
+    """
+    c = resolve(consts)
+    if cfg.initial_group_size is None and c.prior_start and cfg.timing == "model":
+        return int(np.argmax(benefit / np.maximum(cost, 1e-12)))
+    return cfg.group_sizes.index(cfg.start_group_size)
 
 
 def record_choice(state: State, choice: Choice) -> State:

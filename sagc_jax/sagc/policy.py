@@ -36,13 +36,17 @@ class SAGCPolicy:
     """Adaptive group size. ``choose() -> g``; after the step, ``observe(obs) -> metrics``.
 
     ``horizon``: steps in the run (None = unknown); ``seed``: of the controller's Monte-Carlo
-    draws (None = the constant, 0); ``consts``: the constants (None = those in force)."""
+    draws (None = the constant, 0); ``consts``: the constants (None = those in force);
+    ``prompts``, ``max_new_tokens``: the run's step shape, known before its first step (None:
+    unknown; ``init_state``)."""
 
     def __init__(self, cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None,
-                 consts: SAGCConstants | None = None):
+                 consts: SAGCConstants | None = None, prompts: int | None = None,
+                 max_new_tokens: int | None = None):
         self.cfg = cfg.validate()
         self.consts = consts
-        self.state: State = init_state(cfg, horizon=horizon, seed=seed, consts=consts)
+        self.state: State = init_state(cfg, horizon=horizon, seed=seed, consts=consts,
+                                       prompts=prompts, max_new_tokens=max_new_tokens)
         self.last_choice: Choice | None = None  # the last decision with its diagnostics
 
     @property
@@ -76,7 +80,9 @@ class StaticPolicy:
     """Always ``initial_group_size``; same interface and straggler-rate metric as SAGCPolicy."""
 
     def __init__(self, cfg: SAGCConfig, *, horizon: int | None = None, seed: int | None = None,
-                 consts: SAGCConstants | None = None):
+                 consts: SAGCConstants | None = None, prompts: int | None = None,
+                 max_new_tokens: int | None = None):
+        del prompts, max_new_tokens  # a fixed g needs no price
         self.cfg = cfg.validate()
         self.consts = consts
         self.state: State = init_state(cfg, horizon=horizon, seed=seed, consts=consts)
@@ -106,8 +112,10 @@ def make_policy(
     horizon: int | None = None,
     seed: int | None = None,
     consts: SAGCConstants | None = None,
+    prompts: int | None = None,
+    max_new_tokens: int | None = None,
 ) -> SAGCPolicy | StaticPolicy:
-    """SAGCPolicy when ``cfg.enabled`` else StaticPolicy (``horizon``/``seed``/``consts`` as
-    SAGCPolicy)."""
+    """SAGCPolicy when ``cfg.enabled`` else StaticPolicy (keywords as SAGCPolicy)."""
     cls = SAGCPolicy if cfg.enabled else StaticPolicy
-    return cls(cfg, horizon=horizon, seed=seed, consts=consts)
+    return cls(cfg, horizon=horizon, seed=seed, consts=consts, prompts=prompts,
+               max_new_tokens=max_new_tokens)

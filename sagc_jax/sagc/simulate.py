@@ -297,9 +297,14 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int, factor: float = 1.0
 
 def sagc_policy(sim: SimConfig, sagc: SAGCConfig | None = None) -> SAGCPolicy:
     """SAGC on this simulation: the run's length is its horizon (as the trainer's run.steps) and
-    the simulator's seed seeds its draws. ``sagc``: another section (default ``sim.sagc``)."""
+    the simulator's seed seeds its draws; the step's shape (prompts, the first step's
+    max_new_tokens) is known before it, as the trainer's. ``sagc``: another section (default
+    ``sim.sagc``)."""
     cfg = (sim.sagc if sagc is None else sagc).model_copy(update={"enabled": True})
-    return SAGCPolicy(cfg, horizon=sim.steps, seed=sim.seed)
+    wl = sim.workload
+    cap = wl.max_new_tokens if isinstance(wl, TraceWorkload) else wl.params_at(0).max_new_tokens
+    return SAGCPolicy(cfg, horizon=sim.steps, seed=sim.seed, prompts=sim.prompts_per_step,
+                      max_new_tokens=cap)
 
 
 def make_policies(sim: SimConfig) -> dict[str, SAGCPolicy | StaticPolicy]:

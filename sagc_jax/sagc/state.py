@@ -133,6 +133,8 @@ def init_state(
     horizon: int | None = None,
     seed: int | None = None,
     consts: SAGCConstants | None = None,
+    prompts: int | None = None,
+    max_new_tokens: int | None = None,
 ) -> SAGCState:
     """Fresh controller state for an ``SAGCConfig``: numpy arrays with static shapes.
 
@@ -141,6 +143,9 @@ def init_state(
     (None = the constant seed, 0; the simulator passes its own). Both are kept in the state, so
     a resumed run keeps them. K = len(group_sizes) candidates. ``consts``: the constants that
     size the rings and windows and give the default seed (None: those in force now).
+    ``prompts`` (the run's prompts a step) and ``max_new_tokens``: the step's shape before any
+    observation (None: unknown, 0), so the first choice can price the rungs; every observation
+    overwrites them.
     """
     c = resolve(consts)
     k = len(cfg.group_sizes)
@@ -171,7 +176,8 @@ def init_state(
                         rate_s=np.zeros(2, f64), total_s=np.zeros(2, f64),
                         rate_now=np.zeros(3, f64)),
         cost=Cost(prefill_s=np.zeros(k, f64), decode_step_s=np.zeros(k, f64),
-                  measured=np.zeros(k, bool), prompts=i64(0), max_new_tokens=i64(0),
+                  measured=np.zeros(k, bool), prompts=i64(prompts or 0),
+                  max_new_tokens=i64(max_new_tokens or 0),
                   decode_chunk=i64(1), steps_fit=np.zeros(5, f64), env_s=np.zeros(k, f64)),
         change=Change(changes=i64(0), change_step=i64(0), last_llr=np.array(0.0, f64)),
     )

@@ -100,8 +100,10 @@ class Run:
 def _make_policy(cfg: Config) -> Any:
     """The group-size policy, with the run's length as the controller's horizon: SAGC prices a
     second by the benefit rate the run can still end at (docs/sagc.md). The horizon is kept in
-    the SAGC state, so a resumed run keeps the one it started with."""
-    return make_policy(cfg.sagc, horizon=cfg.run.steps)
+    the SAGC state, so a resumed run keeps the one it started with; the step's shape lets the
+    first choice price the rungs."""
+    return make_policy(cfg.sagc, horizon=cfg.run.steps, prompts=cfg.data.prompts_per_step,
+                       max_new_tokens=cfg.sampling.max_new_tokens)
 
 
 def _blueprint(graphdef: nnx.GraphDef, params: Any) -> Any:
