@@ -230,6 +230,42 @@ def test_warmup_steps_hold_the_initial_group_size():
         assert reasons[:warm] == ["warmup"] * warm and "warmup" not in reasons[warm:]
 
 
+#: This CPU's time model (benchmarks/results/cpu_time_model.json's fit): a step at 32 rows costs
+#: 1.8x one at 8, where the default accelerator-like model prices them alike.
+CPU_TM = TimeModelSection(decode_a=0.0558904, decode_b=0.00253875, prefill_a=0.36022,
+                          prefill_b=0.00178673)
+
+
+def test_prior_start_reads_the_clock():
+    """prior_start warms up where the prior prices best on sagc.time_model, on either clock:
+    small where rows are dear (the CPU model: 4 for any_group, 8 for groups at 2 prompts and a
+    256-token cap), the largest where they are cheap (the default model), and never overrides
+    an explicit initial_group_size; the warm-up holds that rung. Off (the default): the largest
+    rung, whatever the clock."""
+    def first(benefit="any_group", tm=CPU_TM, timing="model", init=None, on=True, warm=3):
+        cfg = SAGCConfig(group_sizes=(4, 8, 16), benefit=benefit, time_model=tm, timing=timing,
+                         initial_group_size=init, warmup_steps=warm)
+        with override_constants(prior_start=on):
+            pol = SAGCPolicy(cfg, horizon=48, prompts=2, max_new_tokens=256)
+            gs = []
+            for _ in range(warm + 1):
+                gs.append(pol.choose())
+                mixed = np.tile([0.0, 1.0], gs[-1])
+                pol.observe(_obs(np.full(2 * gs[-1], 40), gs[-1], rewards=mixed))
+        assert gs[:warm] == [gs[0]] * warm
+        return gs[0]
+
+    assert first() == 4 and first("groups") == 8
+    assert first(tm=TimeModelSection()) == 16 and first("groups", tm=TimeModelSection()) == 16
+    assert first(timing="measured") == 4 and first(init=8) == 8  # the stated model: the prior
+    assert first(timing="measured", tm=TimeModelSection()) == 16
+    assert first(on=False) == 16 and first("groups", on=False) == 16
+    # Without the step's shape the prior prices a single decode step, and rows look free.
+    cfg = SAGCConfig(group_sizes=(4, 8, 16), time_model=CPU_TM, timing="model")
+    with override_constants(prior_start=True):
+        assert SAGCPolicy(cfg, prompts=2, max_new_tokens=256).choose() != SAGCPolicy(cfg).choose()
+
+
 def test_batch_policy_and_rollouts_per_step_set_the_rows():
     st = with_fields(init_state(SAGCConfig()), "cost", prompts=np.array(16, np.int64))
     assert batch_prompts(SAGCConfig(), st).tolist() == [16] * 4  # prompts: B fixed

@@ -129,10 +129,10 @@ class SAGCConstants:
     # 2026-12-06 (FLAT_MODEL_COST). On a CPU-like time model (decode step at 32 rows 1.8x the
     # 8-row one) flat pricing from the warm-up's G = 16 priced 4 and 8 as dear as 16.
     model_cost_known: bool = True
-    # `initial_group_size: null` with `timing: model`: warm up at the rung the prior prices best
-    # (benefit under a uniform pass rate per second with every group's longest row at the cap,
-    # off the time model) instead of the largest; False: the largest (issue 49, under test:
-    # docs/sagc.md, "The warm-up rung is a trade the clock decides").
+    # `initial_group_size: null`: warm up at the rung the prior prices best (benefit under a
+    # uniform pass rate per second of `sagc.time_model` with every group's longest row at the
+    # cap) instead of the largest; False: the largest (issue 49, under test: docs/sagc.md, "The
+    # warm-up rung is a trade the clock decides").
     prior_start: bool = False
     # Seed of the controller's Monte-Carlo draws (key (seed, step, salt)); the simulator passes
     # its own seed instead (init_state(cfg, seed=...)), as it always did.

@@ -28,6 +28,7 @@ from sagc_jax.config.sagc_constants import (
     trend_half_life,
 )
 from sagc_jax.sagc.estimators import (
+    batch_prompts,
     benefit_rate,
     expected_decode_steps,
     posterior_risk,
@@ -42,6 +43,7 @@ from sagc_jax.sagc.state import copy_state as copy_state
 from sagc_jax.sagc.state import init_state as init_state
 from sagc_jax.sagc.state import normalize_state as normalize_state
 from sagc_jax.sagc.state import state_layout_error as state_layout_error
+from sagc_jax.sagc.timing import TimeModel
 from sagc_jax.sagc.updates import (
     benefit_update,
     budget_update,
@@ -188,7 +190,7 @@ def choose(
     eligible = np.zeros(n, bool)  # stays empty when no score decision is made
     if int(dec.step) < cfg.warmup_steps:
         # Warm-up holds the first step's rung (observe records each step's g in g_idx).
-        idx = start_index(cfg, benefit, cost, c) if int(dec.step) == 0 else cur
+        idx = start_index(cfg, state, benefit, c) if int(dec.step) == 0 else cur
         reason = "warmup"
     elif not feasible.any():
         idx, reason = 0, "no_feasible"  # the smallest g, held
@@ -215,19 +217,23 @@ def choose(
     )
 
 
-def start_index(cfg: SAGCConfig, benefit: np.ndarray, cost: np.ndarray,
+def start_index(cfg: SAGCConfig, state: State, benefit: np.ndarray,
                 consts: SAGCConstants | None = None) -> int:
     """Index of the first step's rung: ``initial_group_size``, else (null) the largest rung, or
-    with the ``prior_start`` constant and ``timing: model`` the best prior benefit per second.
+    with the ``prior_start`` constant the rung of the best prior benefit per second.
 
-    benefit, cost: the rungs' predicted benefit and seconds a step before any observation,
-    float [K] (a uniform pass rate; every group's longest row at max_new_tokens, priced off the
-    time model when the state knows the step's shape, ``init_state(prompts=, max_new_tokens=)``).
-    Measured timing has no price before its first step, so it keeps the largest rung.
+    The prior: ``benefit`` [K], the rungs' predicted benefit a step before any observation (a
+    uniform pass rate), over the seconds ``sagc.time_model`` gives a step whose every group's
+    longest row reaches max_new_tokens: the price of a rung before anything is measured, on
+    either clock (the step's shape from ``init_state(prompts=, max_new_tokens=)``; unknown, one
+    decode step). With the default accelerator-like model that is the largest rung.
     """
     c = resolve(consts)
-    if cfg.initial_group_size is None and c.prior_start and cfg.timing == "model":
-        return int(np.argmax(benefit / np.maximum(cost, 1e-12)))
+    if cfg.initial_group_size is None and c.prior_start:
+        tm = TimeModel.from_sagc(cfg)
+        steps = max(int(state.cost.max_new_tokens), 1)
+        rows = batch_prompts(cfg, state) * np.array(cfg.group_sizes)
+        return int(np.argmax(benefit / np.array([tm.step_seconds(int(r), steps) for r in rows])))
     return cfg.group_sizes.index(cfg.start_group_size)
 
 
