@@ -36,14 +36,17 @@ def replay(run_dir: Path, memories: dict, observed: Path | None = None
     feeding it each logged step as the trainer does (`observation_from` with timing: model),
     under the constants that ran (`memories`: the length model's were rows until 2026-12-05,
     ROW_MEMORIES; the model clock priced an unrun shape flat until 2026-12-06,
-    FLAT_MODEL_COST; {} for today's). `observed`: another run's logged steps, fed to the
+    FLAT_MODEL_COST; the warm-up started at the largest rung until 2026-12-06, FIXED_START;
+    {} for today's), and the step's shape known before the first step, as the trainer's. `observed`: another run's logged steps, fed to the
     controller of `run_dir`'s config."""
     # The 16-step runs predate the issue-32 rewrite: load_saved_config migrates their sagc
     # section (every removed key held the value that is now a constant).
     cfg = load_saved_config(run_dir / "config.yaml")
     assert cfg.sagc.timing == "model"
     consts = dataclasses.replace(sc.CONSTANTS, **memories)
-    policy = make_policy(cfg.sagc, horizon=cfg.run.steps, consts=consts)
+    policy = make_policy(cfg.sagc, horizon=cfg.run.steps, consts=consts,
+                         prompts=cfg.data.prompts_per_step,
+                         max_new_tokens=cfg.sampling.max_new_tokens)
     chosen, out, metrics = [], [], []
     for logged in logged_observations(observed or run_dir, cfg.sagc, cfg.sampling.decode_chunk):
         chosen.append(policy.choose())
@@ -75,16 +78,17 @@ SAGC_CPU = SAGC_REAL.parent / "sagc_real_cpuclock"
 #: The same, with `sagc.benefit: any_group` (docs/sagc.md, "What one step is worth"), and
 #: with it warming up at the smallest rung (`sagc_real_cpuclock_any_init4/`).
 SAGC_CPU_ANY = sorted(SAGC_REAL.parent.glob("sagc_real_cpuclock_any*/arith*/sagc-model-s*"))
-_ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST}
-_FLAT = sc.FLAT_MODEL_COST
+_FIXED = sc.FIXED_START
+_ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST, **_FIXED}
+_FLAT = {**sc.FLAT_MODEL_COST, **_FIXED}
 SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
              (SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", _ROWS),
              *((d, _FLAT) for d in sorted(SAGC_INIT8.glob("arith*/sagc-model-s*"))),
              *((d, _FLAT) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*"))),
-             *((d, {}) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
+             *((d, _FIXED) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
                if not (d / SAME_AS).is_file()),
-             *((d, {}) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*"))),
-             *((d, {}) for d in SAGC_CPU_ANY)]
+             *((d, _FIXED) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*"))),
+             *((d, _FIXED) for d in SAGC_CPU_ANY)]
 #: SAGC runs not trained because they are a static run (`curves.SAME_AS`).
 SAGC_SAME_AS = sorted(d for d in SAGC_REAL.glob("arith*/sagc-model-s*") if (d / SAME_AS).is_file())
 

@@ -240,9 +240,10 @@ def test_prior_start_reads_the_clock():
     """prior_start warms up where the prior prices best on sagc.time_model, on either clock:
     small where rows are dear (the CPU model: 4 for any_group, 8 for groups at 2 prompts and a
     256-token cap), the largest where they are cheap (the default model), and never overrides
-    an explicit initial_group_size; the warm-up holds that rung. Off (the default): the largest
-    rung, whatever the clock."""
+    an explicit initial_group_size; the warm-up holds that rung. Off (runs before 2026-12-06,
+    FIXED_START): the largest rung, whatever the clock."""
     def first(benefit="any_group", tm=CPU_TM, timing="model", init=None, on=True, warm=3):
+        assert CONSTANTS.prior_start  # the default
         cfg = SAGCConfig(group_sizes=(4, 8, 16), benefit=benefit, time_model=tm, timing=timing,
                          initial_group_size=init, warmup_steps=warm)
         with override_constants(prior_start=on):

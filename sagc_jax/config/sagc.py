@@ -133,8 +133,11 @@ class SAGCConfig(Section):
     )
     initial_group_size: Int | None = field(
         None,
-        "G at step 0 and during warm-up; one of group_sizes. null (default): the largest, whose "
-        "groups inform every smaller rung (docs/sagc.md, 'The warm-up rung').",
+        "G at step 0 and during warm-up; one of group_sizes. null (default): the rung of the "
+        "best prior benefit per second on time_model (every group's longest row at the cap): "
+        "the largest, whose groups inform every smaller rung, where rows are cheap (the default "
+        "accelerator-like model), smaller where they are dear (docs/sagc.md, 'The warm-up "
+        "rung'); with enabled: false, the largest.",
     )
     straggler: Literal["tail_share", "group_ratio"] = field(
         "tail_share",
@@ -214,9 +217,9 @@ class SAGCConfig(Section):
 
     @property
     def start_group_size(self) -> int:
-        """G at step 0 and during warm-up: ``initial_group_size``, or the largest rung when it is
-        null (left unresolved in the config itself, so that an override of ``group_sizes``
-        alone moves it too)."""
+        """``initial_group_size``, or the largest rung when it is null (left unresolved in the
+        config itself, so that an override of ``group_sizes`` alone moves it too): a static
+        run's G; SAGC's start when null is the prior's (``controller.start_index``)."""
         return self.group_sizes[-1] if self.initial_group_size is None else self.initial_group_size
 
     @model_validator(mode="after")
