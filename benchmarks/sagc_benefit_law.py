@@ -47,7 +47,10 @@ LAWS = ("groups", "any_group")
 INIT4 = ("groups4=initial_group_size=4", "any4=benefit=any_group,initial_group_size=4")
 #: The clock-aware warm-up rung: both benefit models warming up where the prior prices best
 #: (the `prior_start` constant: uniform pass rate, every group's longest row at the cap, off
-#: the time model), in every cell: `<law>_<clock>_prior.json`.
+#: the time model), in every cell: `<law>_<clock>_prior.json`. All of these JSONs were run
+#: before `prior_start` became the default (commits up to 8d0307c), so their `sagc` and `any`
+#: start at the largest rung; a rerun on a later commit starts them at the prior's rung unless
+#: given `prior_start=false` (the other two tables' JSONs likewise).
 PRIOR = ("groupsP=prior_start=true", "anyP=benefit=any_group,prior_start=true")
 
 
