@@ -37,8 +37,8 @@ def replay(run_dir: Path, memories: dict, observed: Path | None = None
     under the constants that ran (`memories`: the length model's were rows until 2026-12-05,
     ROW_MEMORIES; the model clock priced an unrun shape flat until 2026-12-06,
     FLAT_MODEL_COST; the warm-up started at the largest rung until 2026-12-06, FIXED_START;
-    {} for today's), and the step's shape known before the first step, as the trainer's. `observed`: another run's logged steps, fed to the
-    controller of `run_dir`'s config."""
+    {} for today's), and the step's shape known before the first step, as the trainer's.
+    `observed`: another run's logged steps, fed to the controller of `run_dir`'s config."""
     # The 16-step runs predate the issue-32 rewrite: load_saved_config migrates their sagc
     # section (every removed key held the value that is now a constant).
     cfg = load_saved_config(run_dir / "config.yaml")
