@@ -80,6 +80,8 @@ SAGC_CPU = SAGC_REAL.parent / "sagc_real_cpuclock"
 SAGC_CPU_ANY = sorted(SAGC_REAL.parent.glob("sagc_real_cpuclock_any*/arith*/sagc-model-s*"))
 #: `any_group` on the `model` clock (arith2: where the best static is 16).
 SAGC_ANY = sorted(SAGC_REAL.parent.glob("sagc_real_any/arith*/sagc-model-s*"))
+#: Shipped SAGC on this CPU's line from the prior's start (pinned as initial_group_size 8).
+SAGC_CPU_PRIOR = sorted(SAGC_REAL.parent.glob("sagc_real_cpuclock_prior/arith*/sagc-model-s*"))
 _FIXED = sc.FIXED_START
 _ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST, **_FIXED}
 _FLAT = {**sc.FLAT_MODEL_COST, **_FIXED}
@@ -90,7 +92,8 @@ SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
              *((d, _FIXED) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
                if not (d / SAME_AS).is_file()),
              *((d, _FIXED) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*"))),
-             *((d, _FIXED) for d in (*SAGC_CPU_ANY, *SAGC_ANY))]
+             *((d, _FIXED) for d in (*SAGC_CPU_ANY, *SAGC_ANY)),
+             *((d, {}) for d in SAGC_CPU_PRIOR)]
 #: SAGC runs not trained because they are a static run (`curves.SAME_AS`).
 SAGC_SAME_AS = sorted(d for d in SAGC_REAL.glob("arith*/sagc-model-s*") if (d / SAME_AS).is_file())
 
