@@ -78,21 +78,27 @@ SAGC_CPU = SAGC_REAL.parent / "sagc_real_cpuclock"
 #: The same, with `sagc.benefit: any_group` (docs/sagc.md, "What one step is worth"), and
 #: with it warming up at the smallest rung (`sagc_real_cpuclock_any_init4/`).
 SAGC_CPU_ANY = sorted(SAGC_REAL.parent.glob("sagc_real_cpuclock_any*/arith*/sagc-model-s*"))
-#: `any_group` on the `model` clock (arith2: where the best static is 16).
+#: `any_group` on the `model` clock (arith2: where the best static is 16; arith1: 4).
 SAGC_ANY = sorted(SAGC_REAL.parent.glob("sagc_real_any/arith*/sagc-model-s*"))
 #: Shipped SAGC on this CPU's line from the prior's start (pinned as initial_group_size 8).
 SAGC_CPU_PRIOR = sorted(SAGC_REAL.parent.glob("sagc_real_cpuclock_prior/arith*/sagc-model-s*"))
 _FIXED = sc.FIXED_START
+#: Runs trained since the prior's start became the default (twentieth session): they replay
+#: under today's constants; on the `model` clock the prior picks the largest rung, as
+#: FIXED_START does, so the runs before them replay under either.
+_TODAY = {SAGC_REAL / "arith1/sagc-model-s2",
+          SAGC_REAL.parent / "sagc_real_any/arith1/sagc-model-s0"}
 _ROWS = {**sc.ROW_MEMORIES, **sc.FLAT_MODEL_COST, **_FIXED}
 _FLAT = {**sc.FLAT_MODEL_COST, **_FIXED}
 SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
              (SAGC_REAL.parent / "sagc_real_rowmem/arith1/sagc-model-s0", _ROWS),
              *((d, _FLAT) for d in sorted(SAGC_INIT8.glob("arith*/sagc-model-s*"))),
              *((d, _FLAT) for d in sorted(SAGC_INIT16.glob("arith*/sagc-model-s*"))),
-             *((d, _FIXED) for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
+             *((d, {} if d in _TODAY else _FIXED)
+               for d in sorted(SAGC_REAL.glob("arith*/sagc-model-s*"))
                if not (d / SAME_AS).is_file()),
              *((d, _FIXED) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*"))),
-             *((d, _FIXED) for d in (*SAGC_CPU_ANY, *SAGC_ANY)),
+             *((d, {} if d in _TODAY else _FIXED) for d in (*SAGC_CPU_ANY, *SAGC_ANY)),
              *((d, {}) for d in SAGC_CPU_PRIOR)]
 #: SAGC runs not trained because they are a static run (`curves.SAME_AS`).
 SAGC_SAME_AS = sorted(d for d in SAGC_REAL.glob("arith*/sagc-model-s*") if (d / SAME_AS).is_file())
