@@ -17,12 +17,11 @@ CPU="sagc.time_model.decode_a=0.0558904 sagc.time_model.decode_b=0.00253875"
 CPU+=" sagc.time_model.prefill_a=0.36022 sagc.time_model.prefill_b=0.00178673"
 A1=arith1=configs/smollm2-135m_rg_cpu.yaml
 A2=arith2=configs/smollm2-135m_rg-2digit_cpu.yaml
-# DEST | mix | policy | seed | OUT | EXTRA  (priority order: the cells' missing seeds first)
+# DEST | mix | policy | seed | OUT | EXTRA  (priority order: what decides the benefit model
+# first, any_group's missing seeds and their statics; done lines stay, as the record)
 QUEUE=(
-  "docs/results/sagc_real|$A1|sagc-model|2|runs/sagc49|"
-  "docs/results/sagc_real|$A1|static-16|2|runs/sagc49|"
-  "docs/results/sagc_real_any|$A1|sagc-model|0|runs/sagc49_any|sagc.benefit=any_group"
   "docs/results/sagc_real_any|$A1|sagc-model|1|runs/sagc49_any|sagc.benefit=any_group"
+  "docs/results/sagc_real|$A1|static-16|2|runs/sagc49|"
   "docs/results/sagc_real_any|$A1|sagc-model|2|runs/sagc49_any|sagc.benefit=any_group"
   "docs/results/sagc_real_any|$A2|sagc-model|1|runs/sagc49_any|sagc.benefit=any_group"
   "docs/results/sagc_real_any|$A2|sagc-model|2|runs/sagc49_any|sagc.benefit=any_group"
@@ -32,6 +31,8 @@ QUEUE=(
   "docs/results/sagc_real_cpuclock_prior|$A1|sagc-model|1|runs/sagc49cpu_prior|$CPU sagc.initial_group_size=8"
   "docs/results/sagc_real_cpuclock_prior|$A1|sagc-model|2|runs/sagc49cpu_prior|$CPU sagc.initial_group_size=8"
   "docs/results/sagc_real_cpuclock_any_init4|$A1|sagc-model|2|runs/sagc49cpu_any_init4|$CPU sagc.benefit=any_group sagc.initial_group_size=4"
+  "docs/results/sagc_real_any|$A1|sagc-model|0|runs/sagc49_any|sagc.benefit=any_group"
+  "docs/results/sagc_real|$A1|sagc-model|2|runs/sagc49|"
 )
 
 done_run() {  # done_run DEST MIX POLICY SEED: its raw files, evaluations included, are in the repo
