@@ -31,7 +31,7 @@ collect() {  # collect RUN_DIR DEST: a finished run's raw files (evals included)
   local run=$1 dest=$2
   [[ -d $run/checkpoints/48 ]] || return 0
   mkdir -p "$dest"
-  for f in config.yaml metrics.jsonl trace.jsonl eval.json compare_timing.json; do
+  for f in config.yaml sagc_constants.json metrics.jsonl trace.jsonl eval.json compare_timing.json; do
     [[ -f $run/$f ]] && cp "$run/$f" "$dest/"
   done
   echo "collected $dest"

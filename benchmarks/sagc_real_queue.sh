@@ -21,10 +21,10 @@ A2=arith2=configs/smollm2-135m_rg-2digit_cpu.yaml
 # first, any_group's missing seeds and their statics; done lines stay, as the record)
 QUEUE=(
   "docs/results/sagc_real_any|$A1|sagc-model|1|runs/sagc49_any|sagc.benefit=any_group"
-  "docs/results/sagc_real|$A1|static-16|2|runs/sagc49|"
   "docs/results/sagc_real_any|$A1|sagc-model|2|runs/sagc49_any|sagc.benefit=any_group"
   "docs/results/sagc_real_any|$A2|sagc-model|1|runs/sagc49_any|sagc.benefit=any_group"
   "docs/results/sagc_real_any|$A2|sagc-model|2|runs/sagc49_any|sagc.benefit=any_group"
+  "docs/results/sagc_real|$A1|static-16|2|runs/sagc49|"
   "docs/results/sagc_real|$A2|static-8|1|runs/sagc49|"
   "docs/results/sagc_real|$A2|static-8|2|runs/sagc49|"
   "docs/results/sagc_real|$A2|static-4|2|runs/sagc49|"

@@ -34,7 +34,8 @@ def replay(run_dir: Path, memories: dict, observed: Path | None = None
            ) -> tuple[list[int], list[dict], list[dict]]:
     """(the G the controller chooses at every step, the metrics it returns, the logged rows),
     feeding it each logged step as the trainer does (`observation_from` with timing: model),
-    under the constants that ran (`memories`: the length model's were rows until 2026-12-05,
+    under the constants that ran (the run's own `sagc_constants.json` where it has one; else
+    `memories`: the length model's were rows until 2026-12-05,
     ROW_MEMORIES; the model clock priced an unrun shape flat until 2026-12-06,
     FLAT_MODEL_COST; the warm-up started at the largest rung until 2026-12-06, FIXED_START;
     {} for today's), and the step's shape known before the first step, as the trainer's.
@@ -43,7 +44,9 @@ def replay(run_dir: Path, memories: dict, observed: Path | None = None
     # section (every removed key held the value that is now a constant).
     cfg = load_saved_config(run_dir / "config.yaml")
     assert cfg.sagc.timing == "model"
-    consts = dataclasses.replace(sc.CONSTANTS, **memories)
+    recorded = run_dir / sc.CONSTANTS_FILE  # runs since 2026-12-07 record their constants
+    consts = (sc.load_constants(recorded) if recorded.is_file()
+              else dataclasses.replace(sc.CONSTANTS, **memories))
     policy = make_policy(cfg.sagc, horizon=cfg.run.steps, consts=consts,
                          prompts=cfg.data.prompts_per_step,
                          max_new_tokens=cfg.sampling.max_new_tokens)
@@ -83,7 +86,8 @@ SAGC_ANY = sorted(SAGC_REAL.parent.glob("sagc_real_any/arith*/sagc-model-s*"))
 #: Shipped SAGC on this CPU's line from the prior's start (pinned as initial_group_size 8).
 SAGC_CPU_PRIOR = sorted(SAGC_REAL.parent.glob("sagc_real_cpuclock_prior/arith*/sagc-model-s*"))
 _FIXED = sc.FIXED_START
-#: Runs trained since the prior's start became the default (twentieth session): they replay
+#: Runs trained since the prior's start became the default (twentieth session), before runs
+#: recorded their constants (sagc_constants.json, which `replay` reads instead): they replay
 #: under today's constants; on the `model` clock the prior picks the largest rung, as
 #: FIXED_START does, so the runs before them replay under either.
 _TODAY = {SAGC_REAL / "arith1/sagc-model-s2",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import math
 from contextlib import redirect_stderr
 from types import SimpleNamespace
@@ -544,3 +545,17 @@ def test_every_field_has_a_test():
     for name in TimeModelSection.model_fields:  # sagc.time_model.<term>
         assert re.search(rf"\b{name}\b", src)
     assert math.isfinite(hash(SAGCConfig()))
+
+
+def test_recorded_constants_round_trip_and_refuse_another_version(tmp_path):
+    """A run's sagc_constants.json reads back as the constants written (tuples included), and a
+    file that lacks a constant or holds one that no longer exists is refused, naming both."""
+    path = tmp_path / sc.CONSTANTS_FILE
+    moved = dataclasses.replace(sc.CONSTANTS, cost_ema=0.5, trunc_pooled_prior=(0.2, 2.0))
+    sc.save_constants(path, moved)
+    assert sc.load_constants(path) == moved
+    raw = json.loads(path.read_text())
+    del raw["cost_ema"]
+    path.write_text(json.dumps({**raw, "tie_margin": 0.02}))
+    with pytest.raises(ValueError, match=r"missing \['cost_ema'\], unknown \['tie_margin'\]"):
+        sc.load_constants(path)

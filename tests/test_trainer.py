@@ -18,6 +18,7 @@ from xla_env import xla_flags
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
+from sagc_jax.config import sagc_constants as sc
 from sagc_jax.metrics import TIMING_KEYS, read_jsonl
 
 # A ~60k-param model on short arithmetic: compiles in seconds, and SAGC can move G between 2
@@ -83,6 +84,8 @@ def test_run_dir_contents_and_zero_compiles(reference_run):
     trace = read_jsonl(d / "trace.jsonl")
     assert len(trace) == 8 and len(trace[0]["groups"][0]["lengths"]) == trace[0]["group_size"]
     assert load_config(d / "config.yaml").run.steps == 8
+    # The controller's constants as the run ran them (what its replay reads, test_real_runs).
+    assert sc.load_constants(d / sc.CONSTANTS_FILE) == sc.CONSTANTS
 
 
 def test_kill_and_resume_is_exact(reference_run, tmp_path):

@@ -17,17 +17,24 @@ ablation can still patch it in-process::
 
 (Worker processes started with ``spawn`` re-import the module and see the defaults: patch in
 the worker, or use ``fork``.)
+
+A SAGC run records the constants it ran under in ``<run.dir>/sagc_constants.json``
+(:func:`save_constants`), so its decisions replay exactly after the code's constants move on
+(:func:`load_constants`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
     "CONSTANTS",
+    "CONSTANTS_FILE",
     "FIXED_START",
     "FLAT_MODEL_COST",
     "ROW_MEMORIES",
@@ -35,9 +42,11 @@ __all__ = [
     "constants",
     "credit_horizon",
     "length_half_life",
+    "load_constants",
     "override_constants",
     "rate_half_life",
     "resolve",
+    "save_constants",
     "trend_half_life",
     "window_rows",
 ]
@@ -173,6 +182,32 @@ def override_constants(**changes: Any) -> Iterator[SAGCConstants]:
         yield CONSTANTS
     finally:
         CONSTANTS = old
+
+
+#: The file in a run directory that holds the constants the run's controller ran under.
+CONSTANTS_FILE = "sagc_constants.json"
+
+
+def save_constants(path: str | os.PathLike[str], consts: SAGCConstants | None = None) -> None:
+    """Write ``consts`` (None: those in force) to ``path`` as JSON, one key per constant."""
+    with open(path, "w") as f:
+        json.dump(dataclasses.asdict(resolve(consts)), f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def load_constants(path: str | os.PathLike[str]) -> SAGCConstants:
+    """The constants a run recorded (:func:`save_constants`). Strict both ways, because a run
+    replays exactly only under all of its constants: a key the file lacks (a constant added
+    after the run; its old behaviour is the caller's to pin) or one it has that no longer
+    exists raises ValueError naming the keys and the file."""
+    with open(path) as f:
+        raw = json.load(f)
+    names = {f.name for f in dataclasses.fields(SAGCConstants)}
+    missing, unknown = sorted(names - raw.keys()), sorted(raw.keys() - names)
+    if missing or unknown:
+        raise ValueError(f"{os.fspath(path)}: SAGC constants missing {missing}, unknown "
+                         f"{unknown}; the file was written by another version of sagc-jax")
+    return SAGCConstants(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
 
 
 def resolve(consts: SAGCConstants | None) -> SAGCConstants:

@@ -18,6 +18,7 @@ from typing import Any
 
 from sagc_jax import checkpoint as ckpt
 from sagc_jax.config import Config, config_to_dict, load_saved_config, save_config
+from sagc_jax.config import sagc_constants as sc
 from sagc_jax.data.pipeline import load_examples
 from sagc_jax.models.lora import checkpointed
 from sagc_jax.open_run import with_frozen_base
@@ -136,6 +137,10 @@ def restore_or_init(run: Run, check: Callable[[str], None] = no_stop) -> tuple[R
                               "run.resume=never; choose another run.dir")
     if run.hosts.is_main:
         save_config(cfg, run.run_dir / "config.yaml")
+        # The controller's constants live in code, which moves on; the run keeps its own so
+        # its decisions replay exactly later (a resume keeps the file its start wrote).
+        if cfg.sagc.enabled and not (run.run_dir / sc.CONSTANTS_FILE).is_file():
+            sc.save_constants(run.run_dir / sc.CONSTANTS_FILE)
     copy_ref = cfg.algo.beta > 0 and cfg.model.lora is None
     if restored is None:
         t0 = time.perf_counter()
