@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from sagc_jax.config.sagc_constants import ROW_MEMORIES, constants, override_constants
+from sagc_jax.config.sagc_constants import CONSTANTS, ROW_MEMORIES
 from sagc_jax.sagc import (
     Observation,
     SAGCConfig,
@@ -66,8 +66,8 @@ def _sim(
     return parse_sim_config(raw)
 
 
-def _run_sagc(sim, steps: int | None = None):
-    pol = sagc_policy(sim)
+def _run_sagc(sim, steps: int | None = None, consts=None):
+    pol = sagc_policy(sim, consts=consts)
     return pol, run_policies(sim, {"sagc": pol}, steps)["sagc"]
 
 
@@ -170,8 +170,8 @@ def test_model_extended_groups_count_as_less_evidence(power):
         rewards=rng.random(20),
         max_new_tokens=256,
     )
-    with override_constants(extrapolation_power=power):
-        st = observe(cfg, init_state(cfg), obs)
+    c = dataclasses.replace(CONSTANTS, extrapolation_power=power)
+    st = observe(cfg, init_state(cfg, consts=c), obs, c)
     n = st.risk.a + st.risk.b
     np.testing.assert_allclose(n, 5 * np.array([1.0, 1.0, 0.5**power, 0.25**power]))
 
@@ -332,8 +332,7 @@ def test_static_policy_metrics_and_factory():
     )
     m = pol.observe(obs)
     assert m["straggler_rate"] == 1.0  # group 0: 50 > 2*10; group 1: truncated
-    with override_constants(count_truncated=False):
-        m2 = make_policy(cfg).observe(obs)
+    m2 = make_policy(cfg, consts=dataclasses.replace(CONSTANTS, count_truncated=False)).observe(obs)
     assert m2["straggler_rate"] == 0.5
 
 
@@ -394,33 +393,33 @@ def test_smallest_rung_is_judged_on_its_mean_risk():
         state = with_fields(state, "decision", step=np.array(cfg.warmup_steps + 10, np.int64))
         state = with_fields(state, "risk", a=np.array([9.0, 30.0, 60.0]),
                             b=np.array([91.0, 70.0, 40.0]))
-        with override_constants(floor_on_mean=floor):
-            info = choose(cfg, state)
-            g = info.g
-            assert info.risk[0] > cfg.delta  # the quantile alone: nothing feasible
-            assert info.reason == reason and bool(info.feasible[0]) is floor
-            assert g in ((4, 8) if floor else (4,))
-            # A floor whose mean risk is above delta is held either way.
-            state.risk.a[0], state.risk.b[0] = 15.0, 85.0
-            assert choose(cfg, state).reason == "no_feasible"
+        c = dataclasses.replace(CONSTANTS, floor_on_mean=floor)
+        info = choose(cfg, state, c)
+        g = info.g
+        assert info.risk[0] > cfg.delta  # the quantile alone: nothing feasible
+        assert info.reason == reason and bool(info.feasible[0]) is floor
+        assert g in ((4, 8) if floor else (4,))
+        # A floor whose mean risk is above delta is held either way.
+        state.risk.a[0], state.risk.b[0] = 15.0, 85.0
+        assert choose(cfg, state, c).reason == "no_feasible"
 
 
 def test_budget_credit_is_saved_up_to_its_cap_and_raises_the_risk_cap():
     # No stragglers at all: each step saves delta of budget, at most credit_cap of it.
     wl = {**LIGHT, "group_spread": 0.05}
     sim = _sim(30, wl, sagc={"half_life": 50.0})
-    with override_constants(credit_cap=1.0):
-        pol, _ = _run_sagc(sim)
-        assert float(pol.state.budget.credit) == pytest.approx(1.0)
-        assert float(pol.state.budget.queue) == 0.0
-        info = choose(sim.sagc, pol.state)
+    c = dataclasses.replace(CONSTANTS, credit_cap=1.0)
+    pol, _ = _run_sagc(sim, consts=c)
+    assert float(pol.state.budget.credit) == pytest.approx(1.0)
+    assert float(pol.state.budget.queue) == 0.0
+    info = choose(sim.sagc, pol.state, c)
     # The credit horizon is 3 x half_life.
     assert info.risk_cap == pytest.approx(sim.sagc.delta + 1.0 / 150.0)
     # Switched off: the queue only counts debt, and the cap is delta.
-    with override_constants(credit_cap=0.0):
-        pol0, _ = _run_sagc(_sim(30, wl))
-        assert float(pol0.state.budget.credit) == 0.0
-        assert choose(pol0.cfg, pol0.state).risk_cap == pytest.approx(0.1)
+    c = dataclasses.replace(CONSTANTS, credit_cap=0.0)
+    pol0, _ = _run_sagc(_sim(30, wl), consts=c)
+    assert float(pol0.state.budget.credit) == 0.0
+    assert choose(pol0.cfg, pol0.state, c).risk_cap == pytest.approx(0.1)
 
 
 def test_benefit_rate_projects_the_current_regime_to_the_horizon():
@@ -507,15 +506,14 @@ def test_benefit_model_fits_pass_rates_that_are_not_beta():
 
     def err(iters: int) -> np.ndarray:
         c = SAGCConfig(group_sizes=(4, 8, 12, 16), initial_group_size=12)
-        with override_constants(pass_em_iters=iters):
-            w = pass_rate_mixture(c, state)
+        w = pass_rate_mixture(c, state, dataclasses.replace(CONSTANTS, pass_em_iters=iters))
         assert w.sum() == pytest.approx(1.0) and (w >= 0).all()
         return np.array([abs(benefit_per_prompt(g, w) / truth[g] - 1) for g in c.group_sizes])
 
     # 0 iterations: the moments Beta (discretised on the grid); the default cuts the error of
     # g = 16 by > 3x; run to convergence, EM finds the mixture (its atoms are grid points).
     assert err(0)[-1] == pytest.approx(beta_err, abs=0.01)
-    assert err(constants().pass_em_iters)[-1] < beta_err / 3
+    assert err(CONSTANTS.pass_em_iters)[-1] < beta_err / 3
     assert (err(300) < 0.01).all()
 
 
@@ -535,7 +533,7 @@ def test_length_model_reads_the_last_window_steps_only():
     """The rings hold older rows, but E[decode steps] and the residual pool read only those of
     the last window_steps steps (memories in steps, issue 49); ROW_MEMORIES reads them all."""
     cfg = SAGCConfig(group_sizes=[4, 8], initial_group_size=4)
-    c = dataclasses.replace(constants(), change_threshold=0.0)  # no change point: the window alone
+    c = dataclasses.replace(CONSTANTS, change_threshold=0.0)  # no change point: the window alone
     st = init_state(cfg)
     obs = lambda n: Observation(  # noqa: E731
         group_size=4, lengths=np.full(8, float(n)) * np.array([1, 1, 1, 3] * 2),
@@ -591,8 +589,8 @@ def test_cost_growth_follows_the_trend_within_decode_limits():
     # Doubling every 100 steps from 400 decode steps: x4 (the 1600-token cap) after 200.
     want = sum(min(math.exp(rho * k), 4.0) for k in range(1, 501))
     assert cost_growth(cfg, state, 500) == pytest.approx(want, rel=1e-3)
-    with override_constants(trend_half_life_x=0.0):  # no trend memory: flat
-        assert cost_growth(cfg, state, 500) == 500.0
+    flat_c = dataclasses.replace(CONSTANTS, trend_half_life_x=0.0)  # no trend memory: flat
+    assert cost_growth(cfg, state, 500, flat_c) == 500.0
     # Shrinking lengths: down to one decode chunk at most.
     state = with_fields(state, "length", trend_s=_trend_sums(t, np.log(100.0) - rho * t))
     want = sum(max(math.exp(-rho * k), 16 / 400) for k in range(1, 501))
@@ -602,8 +600,7 @@ def test_cost_growth_follows_the_trend_within_decode_limits():
     state = with_fields(state, "benefit", total_s=np.array([800.0, 1000.0]))
     state = with_fields(state, "benefit", rate_now=np.array([80.0, 100.0, 10.0]))
     ben, cost = np.array([5.0, 8.0]), np.array([10.0, 20.0])
-    with override_constants(trend_half_life_x=0.0):
-        flat = benefit_rate(cfg, state, ben, cost)
+    flat = benefit_rate(cfg, state, ben, cost, consts=flat_c)
     state = with_fields(state, "length", trend_s=_trend_sums(t, np.log(100.0) + rho * t))
     assert benefit_rate(cfg, state, ben, cost) < 0.5 * flat
 

@@ -22,8 +22,6 @@ from sagc_jax.config import sagc_constants as sc
 from sagc_jax.config.sagc import REMOVED_KEYS, SAGCConfig, TimeModelSection
 from sagc_jax.config.sagc_constants import (
     CONSTANTS,
-    constants,
-    override_constants,
     rate_half_life,
     window_rows,
 )
@@ -247,13 +245,13 @@ def test_prior_start_reads_the_clock():
         assert CONSTANTS.prior_start  # the default
         cfg = SAGCConfig(group_sizes=(4, 8, 16), benefit=benefit, time_model=tm, timing=timing,
                          initial_group_size=init, warmup_steps=warm)
-        with override_constants(prior_start=on):
-            pol = SAGCPolicy(cfg, horizon=48, prompts=2, max_new_tokens=256)
-            gs = []
-            for _ in range(warm + 1):
-                gs.append(pol.choose())
-                mixed = np.tile([0.0, 1.0], gs[-1])
-                pol.observe(_obs(np.full(2 * gs[-1], 40), gs[-1], rewards=mixed))
+        pol = SAGCPolicy(cfg, horizon=48, prompts=2, max_new_tokens=256,
+                         consts=dataclasses.replace(CONSTANTS, prior_start=on))
+        gs = []
+        for _ in range(warm + 1):
+            gs.append(pol.choose())
+            mixed = np.tile([0.0, 1.0], gs[-1])
+            pol.observe(_obs(np.full(2 * gs[-1], 40), gs[-1], rewards=mixed))
         assert gs[:warm] == [gs[0]] * warm
         return gs[0]
 
@@ -264,8 +262,7 @@ def test_prior_start_reads_the_clock():
     assert first(on=False) == 16 and first("groups", on=False) == 16
     # Without the step's shape the prior prices a single decode step, and rows look free.
     cfg = SAGCConfig(group_sizes=(4, 8, 16), time_model=CPU_TM, timing="model")
-    with override_constants(prior_start=True):
-        assert SAGCPolicy(cfg, prompts=2, max_new_tokens=256).choose() != SAGCPolicy(cfg).choose()
+    assert SAGCPolicy(cfg, prompts=2, max_new_tokens=256).choose() != SAGCPolicy(cfg).choose()
 
 
 def test_batch_policy_and_rollouts_per_step_set_the_rows():
@@ -319,7 +316,7 @@ def test_time_model_terms_give_the_linear_cost():
 
 def test_at_most_one_rung_up_per_step_and_unlimited_down():
     cfg = SAGCConfig(**GR)
-    assert constants().max_rung_step == 1
+    assert CONSTANTS.max_rung_step == 1
     # From the smallest rung, all feasible, the objective wants the largest: one rung up.
     info = choose(cfg, _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0))
     g = info.g
@@ -445,50 +442,29 @@ def test_typed_state_is_a_pytree_and_reads_the_nested_dict_layout():
         with_fields(st, "budget", qeue=np.array(0.0))
 
 
-def test_constants_patch_in_process():
-    assert constants() is CONSTANTS and CONSTANTS.cost_ema == 0.3
-    with override_constants(cost_ema=0.5, max_rung_step=0) as c:
-        assert constants() is c and c.cost_ema == 0.5
-        cfg = SAGCConfig(**GR)
-        g = choose(cfg, _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0)).g
-        assert g == 16  # unlimited moves up
-    assert constants().cost_ema == 0.3 and constants().max_rung_step == 1
-
-
-def test_constants_passed_in_equal_the_patched_global():
-    """Issue 49 item 5: ``consts`` passed to the controller (and to a policy, for its whole
-    life) act as the same constants patched in; None reads those in force at each call."""
+def test_constants_are_passed_not_patched():
+    """Issue 49 item 5: the controller reads only the ``consts`` it is handed (None: the shipped
+    CONSTANTS); a policy keeps its own for its whole life, equal to passing them at every call."""
     cfg = SAGCConfig(**GR)
     free = dataclasses.replace(CONSTANTS, max_rung_step=0)
     st = _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0)
-    assert choose(cfg, st).g == 8 and choose(cfg, st, free).g == 16
-    with override_constants(max_rung_step=0):
-        patched, passed = choose(cfg, st), choose(cfg, st, free)
-        for a, b in zip(patched, passed):
-            np.testing.assert_array_equal(a, b)
+    assert choose(cfg, st).g == 8 and choose(cfg, st, free).g == 16  # unlimited moves up
     small = dataclasses.replace(CONSTANTS, window_rows_min=64, window_groups=8, change_window=4)
     st = init_state(cfg, consts=small)
     assert st.length.eps_ring.shape == (64,) and st.risk.hist_a.shape == (4, 4)
     rng = np.random.default_rng(0)
     obs = [_obs(rng.integers(10, 40, (4, 4)), 4, timed=True) for _ in range(12)]
-    runs = {}
-    for name, pol, ctx in (("passed", SAGCPolicy(cfg, consts=small), CONSTANTS),
-                           ("patched", None, small)):
-        old = sc.CONSTANTS
-        sc.CONSTANTS = ctx
-        try:
-            pol = pol or SAGCPolicy(cfg)
-            gs = []
-            for o in obs:
-                gs.append(pol.choose())
-                pol.observe(o)  # every step observed at G = 4 (any rung may be chosen)
-            runs[name] = (gs, as_dict(pol.state))
-        finally:
-            sc.CONSTANTS = old
-    assert runs["passed"][0] == runs["patched"][0]
-    for m, sub in runs["passed"][1].items():
+    pol, gs, by_hand = SAGCPolicy(cfg, consts=small), [], []
+    for o in obs:
+        gs.append(pol.choose())
+        by_hand.append((c := choose(cfg, st, small)).g)
+        st = record_choice(st, c)
+        pol.observe(o)  # every step observed at G = 4 (any rung may be chosen)
+        st = observe(cfg, st, o, small)
+    assert gs == by_hand and len(set(gs)) > 1
+    for m, sub in as_dict(pol.state).items():
         for k, v in sub.items():
-            np.testing.assert_array_equal(v, runs["patched"][1][m][k])
+            np.testing.assert_array_equal(v, as_dict(st)[m][k])
 
 
 def test_any_group_picks_the_cheapest_rung_whose_groups_still_inform():

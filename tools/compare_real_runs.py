@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from sagc_jax.config import load_saved_config
-from sagc_jax.config.sagc_constants import constants
+from sagc_jax.config.sagc_constants import CONSTANTS
 from sagc_jax.sagc.estimators import realised_benefit
 from sagc_jax.sagc.events import tail_share
 from sagc_jax.sagc.timing import TimeModel
@@ -72,7 +72,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         out["len_mean"].append(float(lengths.mean()))
         out["len_p90"].append(float(np.percentile(lengths, 90)))
         out["benefit"].append(float((rewards.max(-1) != rewards.min(-1)).sum()) * (1 - 1 / g))
-        out["benefit_ctrl"].append(realised_benefit(rewards, constants().pass_threshold))
+        out["benefit_ctrl"].append(realised_benefit(rewards, CONSTANTS.pass_threshold))
         out["logged_rate"].append(m["straggler_rate"])
     run = {k: np.asarray(v) for k, v in out.items()}
     run["cfg"] = cfg

@@ -146,8 +146,8 @@ def _sagc_job(path: Path, seed: int, sets: list[str], overrides: list[str], cach
 
     def run():
         sim = load_sim_config(path, [f"seed={seed}", *sets, *cfg_sets])
-        with sc.override_constants(**consts):
-            traj = run_policies(sim, {"sagc": sagc_policy(sim)})
+        policy = sagc_policy(sim, consts=dataclasses.replace(sc.CONSTANTS, **consts))
+        traj = run_policies(sim, {"sagc": policy})
         return _sums(summarize(sim, traj)["sagc"], sim.steps)
 
     return _cached(cache, f"sagc-{seed}", path, (seed, sets, overrides, _source_hash()), run,

@@ -18,6 +18,7 @@ predicted seconds of the logged G, the realised seconds, and the E[decode steps]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -42,21 +43,21 @@ def replay(run: Path, sets: dict[str, object]) -> list[dict]:
     # Validated (not model_copy): --set group_sizes=[4,8,16] replays a static run with every rung.
     sagc = type(cfg.sagc).model_validate(merged)
     out = []
-    with sc.override_constants(**consts):
-        pol = make_policy(sagc, horizon=cfg.run.steps)
-        tm = TimeModel.from_sagc(sagc)
-        for logged in logged_observations(run, sagc, cfg.sampling.decode_chunk):
-            m, obs = logged.metrics, logged.observation
-            choice = pol.choose()
-            last = pol.last_choice
-            g, n, steps = obs.group_size, obs.rows, obs.decode_steps
-            real = tm.prefill_s(n) + steps * tm.decode_step_s(n)
-            pred = dict(zip(sagc.group_sizes, last.cost.tolist())) if last else {}
-            out.append({"step": m["step"], "g": g, "choice": choice, "pred_s": pred.get(g),
-                        "real_s": real, "decode_steps": steps,
-                        "exp_steps": dict(zip(sagc.group_sizes,
-                                              pol.state.length.exp_steps.tolist()))})
-            pol.observe(obs)
+    pol = make_policy(sagc, horizon=cfg.run.steps,
+                      consts=dataclasses.replace(sc.CONSTANTS, **consts))
+    tm = TimeModel.from_sagc(sagc)
+    for logged in logged_observations(run, sagc, cfg.sampling.decode_chunk):
+        m, obs = logged.metrics, logged.observation
+        choice = pol.choose()
+        last = pol.last_choice
+        g, n, steps = obs.group_size, obs.rows, obs.decode_steps
+        real = tm.prefill_s(n) + steps * tm.decode_step_s(n)
+        pred = dict(zip(sagc.group_sizes, last.cost.tolist())) if last else {}
+        out.append({"step": m["step"], "g": g, "choice": choice, "pred_s": pred.get(g),
+                    "real_s": real, "decode_steps": steps,
+                    "exp_steps": dict(zip(sagc.group_sizes,
+                                          pol.state.length.exp_steps.tolist()))})
+        pol.observe(obs)
     return out
 
 

@@ -69,7 +69,7 @@ _WHY = "removed in the SAGC core rewrite (issue 32)"
 
 def _removed_keys() -> dict[str, str]:
     """Old ``sagc:`` key -> what it became (the one-line error's text)."""
-    c = SAGCConstants()  # the shipped values, whatever an ablation patched in-process
+    c = SAGCConstants()  # the shipped values
     where = "sagc_jax/config/sagc_constants.py"
     out = {k: f"{_WHY}; now the constant {k} = {getattr(c, k)!r} ({where})" for k in (
         "count_truncated", "floor_on_mean", "extrapolation_power", "max_rung_step",

@@ -7,16 +7,13 @@ it had as a config default (so behaviour is unchanged). Four memories are derive
 
 The controller's entry points (``init_state``, ``observe``, ``choose``, the policies) take the
 constants as an explicit ``consts`` argument and hand them down to every function they call;
-``consts=None`` (the default) reads :data:`CONSTANTS` at that call (:func:`resolve`), so an
-ablation can still patch it in-process::
+``consts=None`` (the default) means the shipped :data:`CONSTANTS`. Nothing patches them
+in-process: an ablation or a replay builds its own and passes it in::
 
     import dataclasses
     from sagc_jax.config import sagc_constants as sc
-    sc.CONSTANTS = dataclasses.replace(sc.CONSTANTS, cost_ema=0.5)   # from now on
-    with sc.override_constants(hard_filter=False): ...               # within a block
-
-(Worker processes started with ``spawn`` re-import the module and see the defaults: patch in
-the worker, or use ``fork``.)
+    free = dataclasses.replace(sc.CONSTANTS, max_rung_step=0)
+    policy = SAGCPolicy(cfg, consts=free)          # or choose(cfg, state, free), ...
 
 A SAGC run records the constants it ran under in ``<run.dir>/sagc_constants.json``
 (:func:`save_constants`), so its decisions replay exactly after the code's constants move on
@@ -25,11 +22,9 @@ A SAGC run records the constants it ran under in ``<run.dir>/sagc_constants.json
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -39,11 +34,9 @@ __all__ = [
     "FLAT_MODEL_COST",
     "ROW_MEMORIES",
     "SAGCConstants",
-    "constants",
     "credit_horizon",
     "length_half_life",
     "load_constants",
-    "override_constants",
     "rate_half_life",
     "resolve",
     "save_constants",
@@ -154,7 +147,7 @@ class SAGCConstants:
 #: recorded before then replay exactly with these constants too.
 FIXED_START: dict[str, Any] = {"prior_start": False}
 
-#: The constants in force. Replace (``dataclasses.replace``) to patch; see the module docstring.
+#: The shipped constants (what ``consts=None`` means); build others with ``dataclasses.replace``.
 CONSTANTS = SAGCConstants()
 
 #: The length model's memories before its rings were read over steps (2026-12-05, issue 49):
@@ -167,29 +160,12 @@ ROW_MEMORIES: dict[str, Any] = {"window_steps": 0}
 FLAT_MODEL_COST: dict[str, Any] = {"model_cost_known": False}
 
 
-def constants() -> SAGCConstants:
-    """The constants in force now (reads the module attribute, so patches take effect)."""
-    return CONSTANTS
-
-
-@contextlib.contextmanager
-def override_constants(**changes: Any) -> Iterator[SAGCConstants]:
-    """``with override_constants(cost_ema=0.5): ...`` — patched within the block, restored after."""
-    global CONSTANTS
-    old = CONSTANTS
-    CONSTANTS = dataclasses.replace(old, **changes)
-    try:
-        yield CONSTANTS
-    finally:
-        CONSTANTS = old
-
-
 #: The file in a run directory that holds the constants the run's controller ran under.
 CONSTANTS_FILE = "sagc_constants.json"
 
 
 def save_constants(path: str | os.PathLike[str], consts: SAGCConstants | None = None) -> None:
-    """Write ``consts`` (None: those in force) to ``path`` as JSON, one key per constant."""
+    """Write ``consts`` (None: the shipped ones) to ``path`` as JSON, one key per constant."""
     with open(path, "w") as f:
         json.dump(dataclasses.asdict(resolve(consts)), f, indent=1, sort_keys=True)
         f.write("\n")
@@ -211,7 +187,7 @@ def load_constants(path: str | os.PathLike[str]) -> SAGCConstants:
 
 
 def resolve(consts: SAGCConstants | None) -> SAGCConstants:
-    """``consts`` as passed, or the constants in force now (None: :func:`constants`)."""
+    """``consts`` as passed, or the shipped ones (None: :data:`CONSTANTS`)."""
     return CONSTANTS if consts is None else consts
 
 

@@ -1,7 +1,7 @@
 """SAGC controller: the pure state, ``observe`` and ``choose`` (DESIGN.md §5).
 
 The config is ``SAGCConfig`` (declared once in ``config/sagc.py``); the fixed internals are
-``config/sagc_constants.py``, passed in as ``consts`` (None: those in force). The controller is
+``config/sagc_constants.py``, passed in as ``consts`` (None: the shipped ones). The controller is
 tiny and runs on the host in numpy. Its whole state is an ``SAGCState`` (``state.py``) — one
 typed NamedTuple of numpy arrays with static shapes per sub-model (:data:`LAYOUT`) — a pytree
 that round-trips through Orbax ``StandardSave/Restore``. Every random draw comes from
@@ -90,7 +90,7 @@ def observe(
     The composition of one update per sub-model, in the order the random draws are taken:
     budget, length, risk, change detection, length trend, benefit, cost, then the decision
     clock and E[decode steps] for the next ``choose``. ``consts``: the controller's constants
-    (None: those in force now, ``sagc_constants.CONSTANTS``), handed to every part.
+    (None: the shipped ``sagc_constants.CONSTANTS``), handed to every part.
     """
     c = resolve(consts)
     sizes = cfg.group_sizes
@@ -159,7 +159,7 @@ def choose(
     credit / credit_horizon (the smallest judged on its mean risk; every g without a budget);
     eligible g are the feasible ones within max_rung_step rungs up of the current G, plus the
     budget-sharing rung just above the feasible ones. The choice is the best-scoring eligible g.
-    ``consts``: the controller's constants (None: those in force now).
+    ``consts``: the controller's constants (None: the shipped ones).
     """
     c = resolve(consts)
     sizes = np.array(cfg.group_sizes)

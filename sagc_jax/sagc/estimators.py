@@ -7,7 +7,7 @@ of (config, state); the config is an ``SAGCConfig`` (typed loosely here to keep 
 acyclic), the state an ``SAGCState`` (``state.py``: one typed sub-state per sub-model) or, where
 a function reads one sub-model only, that sub-state. The fixed internals
 (priors, EM steps, memories) are :mod:`sagc_jax.config.sagc_constants`: every function that
-reads one takes ``consts`` (an ``SAGCConstants``; None = those in force, ``resolve``).
+reads one takes ``consts`` (an ``SAGCConstants``; None = the shipped ones, ``resolve``).
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def straggler_cost(
     """Per-group straggler cost under ``cfg.straggler``. lengths/truncated [..., g] -> [...].
 
     "group_ratio": the 0/1 event of ``straggler_events`` (tau; a truncated member counts, the
-    constant ``count_truncated`` of ``consts``, None = those in force); "tail_share": the
+    constant ``count_truncated`` of ``consts``, None = the shipped ones); "tail_share": the
     continuous ``tail_share`` (tau unused), a fraction of the group's decode steps.
     """
     if cfg.straggler == "tail_share":

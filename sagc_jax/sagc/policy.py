@@ -3,8 +3,8 @@
 (an ``SAGCState``, ``state.py``) and expose ``choose() -> g`` / ``observe(obs) -> metrics`` /
 ``load_state(restored)``. The run's length (``horizon``) and, in the simulator, the seed of the
 controller's draws are passed when a policy is built; they live in its state. ``consts``: the
-controller's constants (``SAGCConstants``), handed to every call; None (the default) reads
-those in force at each call, so ``sagc_constants.override_constants`` still patches a policy.
+controller's constants (``SAGCConstants``), handed to every call; None (the default): the
+shipped ones.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class SAGCPolicy:
     """Adaptive group size. ``choose() -> g``; after the step, ``observe(obs) -> metrics``.
 
     ``horizon``: steps in the run (None = unknown); ``seed``: of the controller's Monte-Carlo
-    draws (None = the constant, 0); ``consts``: the constants (None = those in force);
+    draws (None = the constant, 0); ``consts``: the constants (None = the shipped ones);
     ``prompts``, ``max_new_tokens``: the run's step shape, known before its first step (None:
     unknown; ``init_state``)."""
 

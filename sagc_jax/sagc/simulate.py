@@ -28,6 +28,7 @@ import numpy as np
 from sagc_jax.config import apply_overrides, read_yaml
 from sagc_jax.config.errors import ConfigError
 from sagc_jax.config.sagc import SAGCConfig
+from sagc_jax.config.sagc_constants import SAGCConstants
 from sagc_jax.sagc.estimators import step_worth
 from sagc_jax.sagc.events import Observation
 from sagc_jax.sagc.oracle import oracle_from_trajectories, phase_bounds
@@ -295,16 +296,17 @@ def run_step(sim: SimConfig, draw: StepDraw, g: int, factor: float = 1.0
     return obs, pre + dec + env, benefit
 
 
-def sagc_policy(sim: SimConfig, sagc: SAGCConfig | None = None) -> SAGCPolicy:
+def sagc_policy(sim: SimConfig, sagc: SAGCConfig | None = None,
+                consts: SAGCConstants | None = None) -> SAGCPolicy:
     """SAGC on this simulation: the run's length is its horizon (as the trainer's run.steps) and
     the simulator's seed seeds its draws; the step's shape (prompts, the first step's
     max_new_tokens) is known before it, as the trainer's. ``sagc``: another section (default
-    ``sim.sagc``)."""
+    ``sim.sagc``); ``consts``: the controller's constants (default: the shipped ones)."""
     cfg = (sim.sagc if sagc is None else sagc).model_copy(update={"enabled": True})
     wl = sim.workload
     cap = wl.max_new_tokens if isinstance(wl, TraceWorkload) else wl.params_at(0).max_new_tokens
     return SAGCPolicy(cfg, horizon=sim.steps, seed=sim.seed, prompts=sim.prompts_per_step,
-                      max_new_tokens=cap)
+                      max_new_tokens=cap, consts=consts)
 
 
 def make_policies(sim: SimConfig) -> dict[str, SAGCPolicy | StaticPolicy]:

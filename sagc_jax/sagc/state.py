@@ -142,7 +142,7 @@ def init_state(
     None = unknown (λ is then the discounted realised rate). ``seed``: of the Monte-Carlo draws
     (None = the constant seed, 0; the simulator passes its own). Both are kept in the state, so
     a resumed run keeps them. K = len(group_sizes) candidates. ``consts``: the constants that
-    size the rings and windows and give the default seed (None: those in force now).
+    size the rings and windows and give the default seed (None: the shipped ones).
     ``prompts`` (the run's prompts a step) and ``max_new_tokens``: the step's shape before any
     observation (None: unknown, 0), so the first choice can price the rungs; every observation
     overwrites them.

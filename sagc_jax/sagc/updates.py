@@ -3,7 +3,7 @@
 Each takes the sub-model's sub-state (``state.py``: a NamedTuple of numpy arrays with static
 shapes) and one step's observation, and returns a new sub-state built with ``_replace`` (inputs
 are never written: an array to be changed in place is copied first). ``consts``: the
-controller's constants (``SAGCConstants``; None = those in force, ``sagc_constants.resolve``).
+controller's constants (``SAGCConstants``; None = the shipped ones, ``sagc_constants.resolve``).
 Shapes: K rungs (``sagc.group_sizes``), one step of P groups of G rows (``lengths``,
 ``truncated``, ``rewards``: [P, G], lengths in tokens floored at 1). The math is in docs/sagc.md.
 """
