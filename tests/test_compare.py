@@ -439,9 +439,9 @@ def test_step0_eval_is_shared_only_between_runs_with_identical_start(tmp_path):
 
 
 def test_issue49_verdict_reads_sagc_against_the_best_static_per_clock():
-    """`curves.verdict_md`: SAGC of the clock it decided on, against the best / worst static
+    """`verdict.verdict_md`: SAGC of the clock it decided on, against the best / worst static
     by accuracy at budget, the fastest static's time to target (1.1x) and the best's length."""
-    from sagc_jax.experiments.curves import verdict_md
+    from sagc_jax.experiments.verdict import verdict_md
 
     def st(mean, se=0.0, n=1):
         return {"mean": mean, "se": se, "n": n, "of": 1}
@@ -471,11 +471,11 @@ def test_issue49_verdict_reads_sagc_against_the_best_static_per_clock():
 
 
 def test_seeds_needed_for_the_time_margin_pools_per_seed_spread():
-    """`curves.seeds_needed_md`: sd pooled from se × √n of policies with ≥ 2 uncensored seeds
+    """`verdict.seeds_needed_md`: sd pooled from se × √n of policies with ≥ 2 uncensored seeds
     (here 40 s and 20 s over 2 and 3 seeds: pooled √((1600 + 2·400) / 3) ≈ 28.3 s); the margin
     is 10 % of the fastest static's time (8.0 s), so n = ⌈2 · 800 / 64⌉ = 25. A clock with no
     SAGC run decided on it is not read."""
-    from sagc_jax.experiments.curves import seeds_needed_md
+    from sagc_jax.experiments.verdict import seeds_needed_md
 
     def pol(mean, sd, n, censored=0):
         return {"time_to_target_s": {"mean": mean, "se": sd / math.sqrt(n), "n": n, "of": n,
@@ -489,6 +489,32 @@ def test_seeds_needed_for_the_time_margin_pools_per_seed_spread():
     text = "\n".join(seeds_needed_md(summary))
     assert "**25 seeds**" in text and "28 s" in text and "8 s of the fastest static's 80 s" in text
     assert "`measured`" not in text
+
+
+def test_paired_differences_cancel_what_two_policies_share_seed_by_seed():
+    """`verdict.paired_md`: SAGC − static over the seeds both ran. A seed effect common to both
+    (+0.3 on seed 1) leaves the per-seed differences (0.05, 0.05) with 0 spread, where the
+    unpaired means would carry it; times as the geometric mean of the ratios (80/100, 125/100
+    -> 1.0x), a never-reached seed counted at its final clock and counted as censored; a
+    static missing a seed is compared on the seeds both have."""
+    from sagc_jax.experiments.verdict import paired_md
+
+    def pol(acc, times):
+        return {"per_seed_accuracy_at_budget": acc, "per_seed_time_to_target_s": times}
+
+    summary = {"model": {"policies": {
+        "sagc-model": pol({"0": 0.45, "1": 0.75, "2": 0.6}, {"0": [80, 200], "1": [125, 200],
+                                                              "2": [None, 150]}),
+        "static-4": pol({"0": 0.40, "1": 0.70}, {"0": [100, 300], "1": [100, 300]}),
+        "static-8": pol({"0": 0.5, "1": 0.5, "2": 0.5}, {"0": [100, 300], "1": [100, 300],
+                                                         "2": [50, 300]})}}}
+    text = "\n".join(paired_md(summary))
+    assert "| `model` | static-4 | 2 | +0.050 ± 0.000 | 1.00× [0.80, 1.25] |" in text
+    row8 = next(ln for ln in text.splitlines() if "| static-8 |" in ln and "`model`" in ln)
+    assert "| 3 |" in row8 and "(1 of 3 censored)" in row8
+    assert "| sagc-model | 0.450 / 80 | 0.750 / 125 | 0.600 / ≥ 150 |" in text
+    assert "| static-4 | 0.400 / 100 | 0.700 / 100 | – |" in text
+    assert paired_md({"measured": summary["model"]}) == []  # no SAGC decided on that clock
 
 
 def test_mix_curves_reads_another_folders_statics_on_this_folders_clock(tmp_path):

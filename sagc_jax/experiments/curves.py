@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from sagc_jax.experiments.budget import CLOCKS
+from sagc_jax.experiments.verdict import paired_md, verdict_md
 
 __all__ = [
     "CurvePoint",
@@ -161,7 +162,11 @@ def summarize_curves(curves: Mapping[str, Mapping[str, Mapping[int, list[CurvePo
         for p, seeds in runs.items():
             row = {"accuracy_at_budget": asdict(mean_se(list(at_b[p].values()))),
                    "time_to_target_s": asdict(time_to_target_stat(seeds, tgt)),
-                   "per_seed_accuracy_at_budget": {str(s): v for s, v in at_b[p].items()}}
+                   "per_seed_accuracy_at_budget": {str(s): v for s, v in at_b[p].items()},
+                   # [seconds to the target or None (never), the run's final clock]
+                   "per_seed_time_to_target_s": {
+                       str(s): [time_to_accuracy(pts, tgt), pts[-1].seconds]
+                       for s, pts in seeds.items() if pts and tgt is not None}}
             if lengths and p in lengths:
                 row["len_at_budget"] = asdict(mean_se(
                     [lengths[p][s](budget, clock) for s in seeds if s in lengths[p]]))
@@ -200,87 +205,6 @@ def format_curves_md(summary: Mapping[str, Any]) -> list[str]:
                          f"{cell(r['time_to_target_s'], '{:.0f}')} | {ln} |")
         lines.append("")
     return lines
-
-
-def verdict_md(summary: Mapping[str, Any]) -> list[str]:
-    """Issue 49's targets per clock, read off `summarize_curves`: SAGC (the policy that decided
-    on that clock) against the best and worst static G by accuracy at budget (mean; "best −
-    1 se" uses the best static's standard error), its time to target against the fastest
-    static's (≤ 1.1×) and its length at budget against the best static's (≤)."""
-    lines = ["## Issue 49's targets, per clock", "",
-             "| clock | best static (acc) | SAGC acc ≥ best − 1 se | SAGC acc > worst static | "
-             "SAGC time to target ≤ 1.1 × fastest static | SAGC length ≤ best static's |",
-             "|---|---|---|---|---|---|"]
-    for clock, s in summary.items():
-        pols = s["policies"]
-        sagc = pols.get(f"sagc-{clock}")
-        statics = {p: r for p, r in pols.items()
-                   if p.startswith("static-") and r["accuracy_at_budget"]["n"]}
-        if sagc is None or not statics:
-            continue
-        acc = {p: r["accuracy_at_budget"] for p, r in statics.items()}
-        best = max(acc, key=lambda p: acc[p]["mean"])
-        worst = min(acc, key=lambda p: acc[p]["mean"])
-        mine = sagc["accuracy_at_budget"]
-
-        def yes(ok: bool | None, detail: str) -> str:
-            return f"{'n/a' if ok is None else 'yes' if ok else '**no**'} ({detail})"
-
-        a = mine["mean"]
-        ok_best = None if a is None else a >= acc[best]["mean"] - acc[best]["se"]
-        ok_worst = None if a is None else a > acc[worst]["mean"]
-        times = {p: r["time_to_target_s"]["mean"] for p, r in statics.items()
-                 if r["time_to_target_s"]["n"]}
-        fast = min(times, key=times.get) if times else None
-        t = sagc["time_to_target_s"]["mean"] if sagc["time_to_target_s"]["n"] else None
-        # A censored mean is a lower bound: SAGC's can't show "≤", a static's only makes the
-        # test harder for SAGC, so both are read as they stand.
-        t_cens = bool(sagc["time_to_target_s"].get("censored"))
-        ok_t = None if fast is None else (t is not None and not t_cens
-                                          and t <= 1.1 * times[fast])
-        ge = {p: "≥ " if r["time_to_target_s"].get("censored") else ""
-              for p, r in [*statics.items(), ("sagc", sagc)]}
-        ln = (sagc.get("len_at_budget") or {}).get("mean")
-        lb = (statics[best].get("len_at_budget") or {}).get("mean")
-        ok_l = None if ln is None or lb is None else ln <= lb
-        def num(v: float | None, f: str) -> str:
-            return "–" if v is None else format(v, f)
-
-        b_acc, w_acc = acc[best]["mean"], acc[worst]["mean"]
-        cells = [yes(ok_best, f"{num(a, '.3f')} vs {b_acc:.3f}"),
-                 yes(ok_worst, f"vs {worst} {w_acc:.3f}"),
-                 yes(ok_t, f"{ge['sagc']}{num(t, '.0f')} s vs {fast} "
-                           f"{ge.get(fast, '')}{num(times.get(fast), '.0f')} s"),
-                 yes(ok_l, f"{num(ln, '.1f')} vs {num(lb, '.1f')} tok")]
-        lines.append(f"| `{clock}` | {best} | " + " | ".join(cells) + " |")
-    return [*lines, "", *seeds_needed_md(summary)]
-
-
-def seeds_needed_md(summary: Mapping[str, Any]) -> list[str]:
-    """Per clock, the seeds a policy would need for the time target's margin (10 % of the
-    fastest static's mean time) to be one standard error of the difference of two policies'
-    means: n = 2 sd² / (0.1 t)², on the clocks SAGC is judged on; sd the per-seed standard
-    deviation pooled over the policies with two or more uncensored seeds (se × √n each)."""
-    out = []
-    for clock, s in summary.items():
-        if f"sagc-{clock}" not in s["policies"]:
-            continue  # a clock SAGC was not judged on (no run decided on it)
-        st = [r["time_to_target_s"] for p, r in s["policies"].items()]
-        ok = [x for x in st if x["n"] >= 2 and not x.get("censored")]
-        statics = [r["time_to_target_s"]["mean"] for p, r in s["policies"].items()
-                   if p.startswith("static-") and r["time_to_target_s"]["n"]]
-        if not ok or not statics:
-            continue
-        dof = sum(x["n"] - 1 for x in ok)
-        sd = math.sqrt(sum((x["se"] * math.sqrt(x["n"])) ** 2 * (x["n"] - 1) for x in ok) / dof)
-        t = min(statics)
-        need = math.ceil(2.0 * sd * sd / (0.1 * t) ** 2 - 1e-9)  # not 26 for 25.000000001
-        out.append(f"Clock `{clock}`: time to target varies {sd:.0f} s from seed to seed "
-                   f"(pooled over {len(ok)} polic{'ies' if len(ok) > 1 else 'y'}, {dof} "
-                   f"degree{'s' if dof > 1 else ''} of freedom); for the "
-                   f"1.1 × margin ({0.1 * t:.0f} s of the fastest static's {t:.0f} s) to be one "
-                   f"standard error of a difference, each policy needs **{need} seeds**.")
-    return [*out, ""] if out else []
 
 
 def run_curves(run_dir: str | Path) -> dict[str, list[CurvePoint]]:
@@ -427,7 +351,7 @@ def _main(argv: Sequence[str]) -> int:
     if argv[:1] == ["--mix"] and len(argv) in (2, 4) and argv[2:3] in ([], ["--statics"]):
         statics = argv[3] if len(argv) == 4 else None
         summary = mix_curves(argv[1], statics)
-        print("\n".join([*format_curves_md(summary), *verdict_md(summary),
+        print("\n".join([*format_curves_md(summary), *verdict_md(summary), *paired_md(summary),
                          *_benefit_md(argv[1], statics)]))
         return 0
     if len(argv) != 1:
