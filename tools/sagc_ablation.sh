@@ -16,6 +16,11 @@
 # takes only the CPU other work leaves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Linux's autogroup scheduler shares the CPU between sessions first and applies `nice` only
+# within one, so a run started in its own session (setsid, nohup from another shell) at nice 19
+# still took a third of 2 cores beside two real runs (measured 2026-12-07); the session's own
+# nice puts it behind them.
+if [[ -w /proc/self/autogroup ]]; then echo "${NICE:-19}" > /proc/self/autogroup || true; fi
 part=${1:?usage: sagc_ablation.sh nobudget|measured|budget}
 SEEDS=${SEEDS:-40}
 case $part in
