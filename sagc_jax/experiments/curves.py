@@ -326,20 +326,33 @@ def benefit_per_second(run_dir: str | Path, tm: Any = None,
 
 
 def _benefit_md(mix_dir: str | Path, statics: str | Path | None = None) -> list[str]:
-    """The benefit-per-second table of a mix folder (mean over seeds per policy and clock)."""
+    """The benefit-per-second table of a mix folder, under both of SAGC's benefit laws
+    (`sagc.benefit`: groups, any_group), mean over seeds per policy and clock."""
+    from sagc_jax.config.sagc_constants import CONSTANTS
+    from sagc_jax.sagc.estimators import realised_benefit
+
+    def any_group(rewards: np.ndarray) -> float:
+        return realised_benefit(rewards, CONSTANTS.pass_threshold, "any_group")
+
     per: dict[str, list[dict[str, float]]] = {}
     runs, tm = mix_runs(mix_dir, statics)
     for run in runs:
         if (data_dir(run) / "trace.jsonl").is_file():
-            per.setdefault(run.name.rpartition("-s")[0], []).append(benefit_per_second(run, tm))
+            g, a = benefit_per_second(run, tm), benefit_per_second(run, tm, any_group)
+            per.setdefault(run.name.rpartition("-s")[0], []).append(
+                {**g, **{f"any_group {c}": v for c, v in a.items()}})
+    cols = [*CLOCKS, *(f"any_group {c}" for c in CLOCKS)]
     lines = ["## The benefit model's objective, realised", "",
-             "Benefit (informative groups × (1 − 1/g)) per second, mean over seeds "
-             "(`curves.benefit_per_second`): does it rank the policies as the held-out "
-             "accuracy above does?", "", "| policy | " + " | ".join(
-                 f"benefit / `{c}` s" for c in CLOCKS) + " | seeds |", "|---|---|---|---|"]
+             "Benefit per second, mean over seeds (`curves.benefit_per_second`), under the "
+             "`groups` law (informative groups × (1 − 1/g)) and the `any_group` law (1 if some "
+             "group is informative): does either rank the policies as the held-out accuracy "
+             "above does?", "", "| policy | " + " | ".join(
+                 f"groups / `{c}` s" for c in CLOCKS) + " | " + " | ".join(
+                 f"any_group / `{c}` s" for c in CLOCKS) + " | seeds |",
+             "|---|" + "---|" * (len(cols) + 1)]
     for pol, vals in per.items():
-        cells = " | ".join(f"{np.mean([v[c] for v in vals]):.4f}" if read_on(pol, c) else "–"
-                           for c in CLOCKS)
+        cells = " | ".join(f"{np.mean([v[c] for v in vals]):.4f}"
+                           if read_on(pol, c.rpartition(" ")[2]) else "–" for c in cols)
         lines.append(f"| {pol} | {cells} | {len(vals)} |")
     return lines
 
