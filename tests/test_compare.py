@@ -406,6 +406,14 @@ def test_sagc_real_page_table_is_its_committed_run():
     mean = float(np.mean([b["model"] for b in bps]))
     assert len(bps) == 3 and all(b["model"] > b["measured"] > 0 for b in bps)
     assert f"| static-4 | {mean:.4f} |" in mix
+    # ... and under the any_group law (1 if some group is informative).
+    from sagc_jax.sagc.estimators import realised_benefit
+
+    any_g = [benefit_per_second(r, benefit=lambda x: realised_benefit(x, 0.5, "any_group"))
+             for r in sorted(run.parent.glob("static-4-s*"))]
+    row = next(ln for ln in mix.splitlines() if ln.startswith(f"| static-4 | {mean:.4f} |"))
+    assert f"| {np.mean([b['model'] for b in any_g]):.4f} |" in row
+    assert all(0 < a["model"] != b["model"] for a, b in zip(any_g, bps))
 
 
 def test_step0_eval_is_shared_only_between_runs_with_identical_start(tmp_path):
