@@ -209,7 +209,9 @@ def test_saved_pre_rewrite_config_loads_for_eval_and_export(tmp_path):
     path = RUNS / "sagc" / "config.yaml"
     raw = yaml.safe_load(path.read_text())
     cfg = load_saved_config(path)
-    assert cfg.sagc == SAGCConfig.from_dict(migrate_legacy_sagc(raw["sagc"]))
+    # Saved before `sagc.benefit` existed: the `groups` it ran under, whatever the default.
+    assert cfg.sagc == SAGCConfig.from_dict({**migrate_legacy_sagc(raw["sagc"]),
+                                             "benefit": "groups"})
     assert cfg.run.steps == raw["run"]["steps"]
     assert cfg.model.lora.rank == raw["model"]["lora"]["rank"]
     with pytest.raises(ConfigError, match=r"sagc\.count_truncated"):
@@ -219,6 +221,20 @@ def test_saved_pre_rewrite_config_loads_for_eval_and_export(tmp_path):
     with pytest.raises(ConfigError, match=r"config\.yaml: sagc\.credit_cap") as e:
         load_saved_config(bad)
     assert "\n" not in str(e.value)
+
+
+def test_saved_config_keeps_the_benefit_it_ran_under(tmp_path):
+    """A config saved before `sagc.benefit` existed loads as `groups` (what every such run
+    priced a step by), one that names it keeps it, and a new config gets the default."""
+    path = SAGC_REAL / "arith1" / "sagc-model-s0" / "config.yaml"
+    raw = yaml.safe_load(path.read_text())
+    assert "benefit" not in raw["sagc"]
+    assert load_saved_config(path).sagc.benefit == "groups"
+    assert load_config(path).sagc.benefit == SAGCConfig().benefit
+    for form in ("groups", "any_group"):
+        named = tmp_path / f"{form}.yaml"
+        named.write_text(yaml.safe_dump({**raw, "sagc": {**raw["sagc"], "benefit": form}}))
+        assert load_saved_config(named).sagc.benefit == form
 
 
 def test_compare_real_runs_recomputes_the_committed_table():

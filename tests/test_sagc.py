@@ -212,7 +212,9 @@ def test_group_size_falls_after_heavier_tail_and_recovers():
     heavy_at, light_at = 150, 300
     back = {k: v for k, v in LIGHT.items() if k != "max_new_tokens"} | {"median_length": 120}
     wl = {**LIGHT, "drift": [{"at_step": heavy_at, **HEAVY}, {"at_step": light_at, **back}]}
-    sim = _sim(400, wl, timing={"decode_b": 0.0, "prefill_b": 0.0})
+    # `groups` prices a step by its informative groups, so a flat cost favours the largest g;
+    # under `any_group` a step at 4 is worth nearly one at 16 (test_sagc_benefit_form.py).
+    sim = _sim(400, wl, {"benefit": "groups"}, timing={"decode_b": 0.0, "prefill_b": 0.0})
     pol, tr = _run_sagc(sim)
     g = tr["group_size"]
     assert (g[heavy_at - 20 : heavy_at] == 16).all()  # light: largest g
@@ -228,7 +230,8 @@ def test_group_size_falls_after_heavier_tail_and_recovers():
 
 
 def test_settles_on_largest_g_without_stragglers_and_flat_cost():
-    sim = _sim(120, {**LIGHT, "group_spread": 0.05}, timing={"decode_b": 0.0, "prefill_b": 0.0})
+    sim = _sim(120, {**LIGHT, "group_spread": 0.05}, {"benefit": "groups"},
+               timing={"decode_b": 0.0, "prefill_b": 0.0})  # groups: see the test above
     _, tr = _run_sagc(sim)
     assert (tr["group_size"][-60:] == 16).all()
     assert tr["straggler_rate"].max() == 0.0

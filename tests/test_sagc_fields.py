@@ -184,7 +184,7 @@ def test_V_weighs_the_objective_against_the_queue():
 def test_half_life_sets_every_memory():
     obs = _obs(np.full(16, 10), 4, timed=True)
     for hl in (10.0, 100.0):
-        cfg = SAGCConfig(half_life=hl, delta=0.6)
+        cfg = SAGCConfig(half_life=hl, delta=0.6, benefit="groups")  # 0.75 a group below
         st = init_state(cfg)
         st.benefit.pass_hist[1, 3] = 2.0  # a fresh state's own array: written in place
         st = with_fields(st, "benefit", rate_s=np.array([1.0, 2.0]))

@@ -244,7 +244,8 @@ def load_saved_config(path: str | os.PathLike[str]) -> Config:
     As :func:`load_config`, but a ``sagc:`` section written before the issue-32 rewrite is
     mapped to today's schema first (:func:`~sagc_jax.config.sagc.migrate_legacy_sagc`): an old
     run stays evaluable and exportable. A removed key holding a setting the controller no
-    longer has is a one-line error naming the file and the key.
+    longer has is a one-line error naming the file and the key. A section saved before
+    ``sagc.benefit`` existed gets the ``groups`` it ran under, not today's default.
     """
     data = read_yaml(path)
     sagc = data.get("sagc") if isinstance(data, Mapping) else None
@@ -253,6 +254,11 @@ def load_saved_config(path: str | os.PathLike[str]) -> Config:
             data = {**data, "sagc": migrate_legacy_sagc(dict(sagc))}
         except ValueError as e:
             raise ConfigError(f"{os.fspath(path)}: {e}") from None
+    sagc = data.get("sagc") if isinstance(data, Mapping) else None
+    if isinstance(sagc, Mapping) and "benefit" not in sagc:
+        # Saved before `sagc.benefit` existed (2026-12-06): every such run priced a step by
+        # `groups`, whatever today's default, and its replay must see what it ran under.
+        data = {**data, "sagc": {**sagc, "benefit": "groups"}}
     return config_from_dict(_merge(default_dict(), data))
 
 
