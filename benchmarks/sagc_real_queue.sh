@@ -28,11 +28,11 @@ QUEUE=(
   "docs/results/sagc_real|$A2|static-8|1|runs/sagc49|"
   "docs/results/sagc_real|$A2|static-8|2|runs/sagc49|"
   "docs/results/sagc_real|$A2|static-4|2|runs/sagc49|"
-  "docs/results/sagc_real_cpuclock_prior|$A1|sagc-model|1|runs/sagc49cpu_prior|$CPU sagc.initial_group_size=8"
-  "docs/results/sagc_real_cpuclock_prior|$A1|sagc-model|2|runs/sagc49cpu_prior|$CPU sagc.initial_group_size=8"
+  "docs/results/sagc_real_cpuclock_prior|$A1|sagc-model|1|runs/sagc49cpu_prior|$CPU sagc.initial_group_size=8 sagc.benefit=groups"
+  "docs/results/sagc_real_cpuclock_prior|$A1|sagc-model|2|runs/sagc49cpu_prior|$CPU sagc.initial_group_size=8 sagc.benefit=groups"
   "docs/results/sagc_real_cpuclock_any_init4|$A1|sagc-model|2|runs/sagc49cpu_any_init4|$CPU sagc.benefit=any_group sagc.initial_group_size=4"
   "docs/results/sagc_real_any|$A1|sagc-model|0|runs/sagc49_any|sagc.benefit=any_group"
-  "docs/results/sagc_real|$A1|sagc-model|2|runs/sagc49|"
+  "docs/results/sagc_real|$A1|sagc-model|2|runs/sagc49|sagc.benefit=groups"
 )
 
 done_run() {  # done_run DEST MIX POLICY SEED: its raw files, evaluations included, are in the repo

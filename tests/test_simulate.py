@@ -376,9 +376,10 @@ def test_shipped_configs_parse():
     for name in sorted(names):
         sim = load_sim_config(f"configs/sim/{name}.yaml")
         assert sim.sagc.group_sizes == (4, 8, 12, 16) and sim.sagc.delta == 0.1
-        # One set of defaults, nothing tuned, the event rate pinned (the run's length and seed
-        # are passed to the controller when it is built, as the trainer passes run.steps).
-        assert sim.sagc == SAGCConfig(straggler="group_ratio", delta=0.1)
+        # One set of defaults, nothing tuned, the event rate and the benefit model these pages
+        # measured pinned (the run's length and seed are passed to the controller when it is
+        # built, as the trainer passes run.steps).
+        assert sim.sagc == SAGCConfig(straggler="group_ratio", delta=0.1, benefit="groups")
     assert load_sim_config("configs/sim/slow_drift.yaml").ramps == ((0, 1500),)
 
 

@@ -3,7 +3,8 @@
 # values, 40 seeds, on the whole simulator suite (tools/sagc_suite.py, common random
 # numbers: a variant and shipped SAGC see the same draws).
 #
-#   bash tools/sagc_ablation.sh nobudget   # the shipped default (no straggler budget)
+#   bash tools/sagc_ablation.sh nobudget   # the shipped default (no budget, benefit any_group;
+#                                          # the simulator configs pin groups, their pages' model)
 #   bash tools/sagc_ablation.sh measured   # timing: measured on a noisy, drifting clock
 #   bash tools/sagc_ablation.sh budget     # a stated budget (the constants only it reads)
 #   python -m tools.sagc_ablation_table    # the page, benchmarks/sagc_ablation.md, from the JSONs
@@ -25,7 +26,7 @@ part=${1:?usage: sagc_ablation.sh nobudget|measured|budget}
 SEEDS=${SEEDS:-40}
 case $part in
   nobudget)  # read without a budget: the length model, E[steps], change detection, benefit
-    sets=(--no-budget)
+    sets=(--no-budget --set sagc.benefit=any_group)
     vs=(ws8=window_steps=8 ws32=window_steps=32
         ratehl25=rate_half_life_x=2.5 ratehl10=rate_half_life_x=10
         lenhl05=length_half_life_x=0.5 lenhl2=length_half_life_x=2
@@ -38,7 +39,7 @@ case $part in
         trendhl15=trend_half_life_x=1.5 trendhl6=trend_half_life_x=6
         pass025=pass_threshold=0.25 pass075=pass_threshold=0.75) ;;
   measured)  # per-shape timings measured on a clock with 15 % log-noise and 30 % drift
-    sets=(--no-budget --set sagc.timing=measured timing.noise=0.15 timing.drift=0.3)
+    sets=(--no-budget --set sagc.benefit=any_group sagc.timing=measured timing.noise=0.15 timing.drift=0.3)
     vs=(ema01=cost_ema=0.1 ema06=cost_ema=0.6 ema1=cost_ema=1.0
         floor025=cost_floor_frac=0.25 floor075=cost_floor_frac=0.75) ;;
   budget)  # the workloads' stated budgets: what only a budget reads

@@ -25,9 +25,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "sagc_ablation"
 PAGE = ROOT / "benchmarks" / "sagc_ablation.md"
 #: The parts of `tools/sagc_ablation.sh`, in page order, with what each one's runs hold fixed.
 PARTS = {
-    "nobudget": "no straggler budget (the shipped default), `timing: model`",
-    "measured": "no budget, `timing: measured` on a clock with 15 % log-noise and 30 % drift",
+    "nobudget": "no straggler budget, `benefit: any_group` (the shipped default), `timing: model`",
+    "measured": "no budget, `benefit: any_group`, `timing: measured` on a clock with 15 % "
+                "log-noise and 30 % drift",
     "budget": "each workload's stated budget (δ), for the constants only a budget reads",
+    "nobudget_groups": "no budget, `benefit: groups` (the default until 2026-12-07; the first "
+                       "variants, run before the switch)",
 }
 
 

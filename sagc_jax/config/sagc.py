@@ -187,11 +187,12 @@ class SAGCConfig(Section):
         None, "Rows per step when batch_policy is 'rollouts'; divisible by every group size.", ge=1
     )
     benefit: Literal["groups", "any_group"] = field(
-        "groups",
-        "What one step is worth (benefit(g) in benefit per second). groups: informative "
-        "groups x (1 - 1/g), the group-variance benefit; any_group: P(at least one of the "
-        "step's groups is informative), flat in the batch beyond that (a per-step law the real "
-        "runs' held-out accuracy suggests; under test, docs/sagc.md \"What one step is worth\").",
+        "any_group",
+        "What one step is worth (benefit(g) in benefit per second). any_group: P(at least one "
+        "of the step's groups is informative), flat in the batch beyond that (the per-step law "
+        "the real runs' held-out accuracy follows; the default since 2026-12-07, docs/sagc.md "
+        "\"What one step is worth\"); groups: informative groups x (1 - 1/g), the paper's "
+        "group-variance benefit.",
     )
     timing: Literal["measured", "model"] = field(
         "measured",
