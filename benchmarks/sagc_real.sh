@@ -17,19 +17,24 @@
 # logs the 1-minute load average (`load_1m`) beside its measured seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-GGUF=${GGUF:-$(python -c "from sagc_jax.models.gguf import smollm2_path; print(smollm2_path())")}
+# MODEL / STEPS / EVERY: another model, run length and checkpoint spacing (the main job's
+# cell: MODEL= MIXES=arith=configs/tiny_cpu.yaml STEPS=150 EVERY=25, its own built model).
+if [[ -z ${MODEL+x} ]]; then
+  MODEL=model.path=$(python -c "from sagc_jax.models.gguf import smollm2_path; print(smollm2_path())")
+fi
+STEPS=${STEPS:-48}
 OUT=${OUT:-runs/sagc49}
 MIXES=${MIXES:-"arith1=configs/smollm2-135m_rg_cpu.yaml arith2=configs/smollm2-135m_rg-2digit_cpu.yaml"}
 POLICIES=${POLICIES:-static-4,static-8,static-16,sagc-model,sagc-measured}
 SEEDS=${SEEDS:-0,1,2}
 DEST=${DEST:-docs/results/sagc_real}
-# shellcheck disable=SC2206  # EXTRA: space-separated key=value overrides
-common=(model.path="$GGUF" run.steps=48 checkpoint.every=8 checkpoint.keep=7 run.progress=false
-        ${EXTRA:-})
+# shellcheck disable=SC2206  # MODEL, EXTRA: space-separated key=value overrides
+common=(${MODEL} run.steps="$STEPS" checkpoint.every="${EVERY:-8}" checkpoint.keep=7
+        run.progress=false ${EXTRA:-})
 
 collect() {  # collect RUN_DIR DEST: a finished run's raw files (evals included) into the repo
   local run=$1 dest=$2
-  [[ -d $run/checkpoints/48 ]] || return 0
+  [[ -d $run/checkpoints/$STEPS ]] || return 0
   mkdir -p "$dest"
   for f in config.yaml sagc_constants.json metrics.jsonl trace.jsonl eval.json compare_timing.json; do
     [[ -f $run/$f ]] && cp "$run/$f" "$dest/"
