@@ -3,13 +3,15 @@
     python benchmarks/sagc_benefit_forms.py
 
 For each committed real-model cell (arith1 and arith2 on the `model` clock, arith1 on this CPU's
-time model), the static-G runs' realised benefit per second under each form (summed over the
+time model) and the main job's cell from one warm start, the static-G runs' realised benefit per second under each form (summed over the
 run's steps from `trace.jsonl`'s rewards at SAGC's pass threshold, divided by the run's final
 clock: `curves.benefit_per_second`) beside their held-out accuracy at the cell's budget
 (`curves.mix_curves`). A form that ranks the static Gs as accuracy does in every cell would be a
 candidate for SAGC's `benefit(g)`; read on the runs it would then be judged on, it could only be
 a candidate. Then the per-step view: held-out accuracy at each checkpoint step, mean ± standard
-error over each static G's seeds (does a step at a larger G learn more?). Markdown on stdout.
+error over each static G's seeds (does a step at a larger G learn more?), and for the two mixes
+and the main job, the informative groups a step carried beside what the steps learned (could any
+law of the informative groups alone give both?). Markdown on stdout.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ FORMS: dict[str, Callable[[np.ndarray], float]] = {
 CELLS = (("arith1, `model` clock", "docs/results/sagc_real/arith1", None),
          ("arith2, `model` clock", "docs/results/sagc_real/arith2", None),
          ("arith1, this CPU's time model", "docs/results/sagc_real_cpuclock/arith1",
-          "docs/results/sagc_real/arith1"))
+          "docs/results/sagc_real/arith1"),
+         ("main job (init.seed 2), `model` clock", "docs/results/sagc_main_job_init2/arith", None))
 
 
 def _rank(values: dict[str, float]) -> str:
@@ -94,6 +97,47 @@ def per_step() -> None:
             print(f"| {g} | " + " | ".join(cells) + " |")
 
 
+#: (name, folder of static runs) for the informative-groups view: the static runs of both mixes
+#: (one trajectory serves every clock) and the main job's cell from one warm start.
+SIGNAL_CELLS = (("arith1", "docs/results/sagc_real/arith1"),
+                ("arith2", "docs/results/sagc_real/arith2"),
+                ("main job (init.seed 2)", "docs/results/sagc_main_job_init2/arith"))
+
+
+def _informative_per_step(run: Path) -> list[int]:
+    """Informative groups of each step of a committed run, from its `trace.jsonl`."""
+    import json
+
+    lines = (curves.data_dir(run) / "trace.jsonl").read_text().splitlines()
+    return [_informative(np.array([g["rewards"] for g in json.loads(ln)["groups"]], np.float64))
+            for ln in lines if ln.strip()]
+
+
+def signal_vs_learning() -> None:
+    """Per static G: mean informative groups a step over each third of the run (mean over
+    seeds), held-out accuracy at each third's end and its mean over every checkpoint after
+    step 0 (a per-step learning figure less noisy than one checkpoint; mean ± se over seeds)."""
+    print("\n| workload | G | informative groups a step, by third of the run | "
+          "held-out accuracy at the thirds' ends | mean held-out accuracy, checkpoints > 0 |")
+    print("|---|---|---|---|---|")
+    for name, mix in SIGNAL_CELLS:
+        by: dict[int, list[Path]] = {}
+        for run in sorted(Path(mix).glob("static-*-s*")):
+            by.setdefault(int(run.name.split("-")[1]), []).append(run)
+        for g, runs in sorted(by.items()):
+            inf = np.array([_informative_per_step(r) for r in runs], np.float64)
+            n = inf.shape[1]
+            ends = [n * k // 3 for k in (1, 2, 3)]
+            sig = " / ".join(f"{inf[:, a:b].mean():.2f}" for a, b in zip([0, *ends[:2]], ends))
+            acc = [{p.step: p.accuracy for p in curves.run_curves(r)["model"]} for r in runs]
+            ends_md = " / ".join(f"{st.mean:.2f} ± {st.se:.2f}" for st in
+                                 (curves.mean_se([a.get(s) for a in acc]) for s in ends))
+            auc = curves.mean_se([float(np.mean([v for s, v in a.items() if s > 0]))
+                                  for a in acc])
+            print(f"| {name} | {g} | {sig} | {ends_md} | {auc.mean:.3f} ± {auc.se:.3f} |")
+
+
 if __name__ == "__main__":
     main()
     per_step()
+    signal_vs_learning()
