@@ -3,16 +3,15 @@
     python benchmarks/sagc_benefit_forms.py
 
 For each committed real-model cell (arith1 and arith2 on the `model` clock, arith1 on this CPU's
-time model) and the main job's cell from one warm start, the static-G runs' realised benefit per second under each form (summed over the
-run's steps from `trace.jsonl`'s rewards at SAGC's pass threshold, divided by the run's final
-clock: `curves.benefit_per_second`) beside their held-out accuracy at the cell's budget
-(`curves.mix_curves`). A form that ranks the static Gs as accuracy does in every cell would be a
-candidate for SAGC's `benefit(g)`; read on the runs it would then be judged on, it could only be
-a candidate. Then the per-step view: held-out accuracy at each checkpoint step, mean ± standard
-error over each static G's seeds (does a step at a larger G learn more?), and for the two mixes
-and the main job, the informative groups a step carried beside what the steps learned (could any
-law of the informative groups alone give both?). Markdown on stdout.
-"""
+time model) and the main job's cell from one warm start, the static-G runs' realised benefit per
+second under each form (summed over the run's steps from `trace.jsonl`'s rewards at SAGC's pass
+threshold, divided by the run's final clock: `curves.benefit_per_second`) beside their held-out
+accuracy at the cell's budget (`curves.mix_curves`). A form that ranks the static Gs as accuracy
+does in every cell would be a candidate for SAGC's `benefit(g)`; read on the runs it would then be
+judged on, it could only be a candidate. Then the per-step view: held-out accuracy at each
+checkpoint step, mean ± standard error over each static G's seeds (does a step at a larger G learn
+more?), and for the two mixes and the main job, the informative groups a step carried beside what
+the steps learned (could any law of the informative groups alone give both?). Markdown on stdout."""
 
 from __future__ import annotations
 
@@ -41,6 +40,8 @@ FORMS: dict[str, Callable[[np.ndarray], float]] = {
                                                                * (r.shape[1] - 1.0))),
     # `sagc.benefit: any_group`'s realised value: 1 if any group of the step is informative.
     "any group informative (1 / 0)": lambda r: step_benefit(r, form="any_group"),
+    # `sagc.benefit: diminishing`: n informative groups worth n / (n + 1) (twenty-fifth session).
+    "n / (n + 1) of n informative groups": lambda r: step_benefit(r, form="diminishing"),
 }
 CELLS = (("arith1, `model` clock", "docs/results/sagc_real/arith1", None),
          ("arith2, `model` clock", "docs/results/sagc_real/arith2", None),

@@ -7,6 +7,7 @@
 #   bash benchmarks/sagc_real_queue.sh 0 2 &   # lane 0 of 2: lines 0, 2, 4, ... not yet done
 #   bash benchmarks/sagc_real_queue.sh 1 2 &   # lane 1 of 2: lines 1, 3, 5, ...
 #   bash benchmarks/sagc_real_queue.sh --list  # what is left, one run a line
+#   MATCH=init1 bash benchmarks/sagc_real_queue.sh 0 1  # only lines whose DEST contains init1
 #
 # Two lanes on this 2-core machine (about 1-2 h a run there, evaluations included); more
 # lanes on a bigger one. Each finished run is copied into docs/results/ by sagc_real.sh:
@@ -47,6 +48,19 @@ for seed in 0 1 2; do
   done
   QUEUE+=("docs/results/sagc_main_job_groups_init2|$TINY|sagc-model|$seed|runs/sagc_main_groups_init2|$GRP|$MAIN")
 done
+# The main job from another warm start (init.seed 1: 0.03 held-out, a low-pass start none of the
+# benefit laws was read on), to judge the laws out of sample (twenty-fifth session): the statics,
+# then each law.
+for seed in 0 1 2; do
+  for pol in static-4 static-8 static-16; do
+    QUEUE+=("docs/results/sagc_main_job_init1|$TINY|$pol|$seed|runs/sagc_main_init1|run.eval_every=0 init.seed=1|$MAIN")
+  done
+done
+for law in any_group groups diminishing; do
+  for seed in 0 1 2; do
+    QUEUE+=("docs/results/sagc_main_job_init1_$law|$TINY|sagc-model|$seed|runs/sagc_main_init1_$law|run.eval_every=0 init.seed=1 sagc.benefit=$law|$MAIN")
+  done
+done
 
 done_run() {  # done_run DEST MIX POLICY SEED: its raw files, evaluations included, are in the repo
   [[ -f $1/${2%%=*}/$3-s$4/eval.json ]]
@@ -55,6 +69,7 @@ done_run() {  # done_run DEST MIX POLICY SEED: its raw files, evaluations includ
 if [[ ${1:-} == --list ]]; then
   for i in "${!QUEUE[@]}"; do
     IFS='|' read -r dest mix pol seed out extra env <<< "${QUEUE[$i]}"
+    [[ $dest == *"${MATCH:-}"* ]] || continue
     done_run "$dest" "$mix" "$pol" "$seed" || echo "$i $dest ${mix%%=*} $pol-s$seed ${extra:+($extra)}"
   done
   exit 0
@@ -63,6 +78,7 @@ lane=${1:?usage: sagc_real_queue.sh LANE LANES | --list} lanes=${2:?usage: sagc_
 for i in "${!QUEUE[@]}"; do
   (( i % lanes == lane )) || continue
   IFS='|' read -r dest mix pol seed out extra env <<< "${QUEUE[$i]}"
+  [[ $dest == *"${MATCH:-}"* ]] || continue
   done_run "$dest" "$mix" "$pol" "$seed" && continue
   echo "=== $(date -u +%FT%TZ) queue line $i: ${mix%%=*} $pol-s$seed -> $dest"
   # shellcheck disable=SC2086  # ENV: space-separated NAME=value settings

@@ -186,13 +186,13 @@ class SAGCConfig(Section):
     rollouts_per_step: Int | None = field(
         None, "Rows per step when batch_policy is 'rollouts'; divisible by every group size.", ge=1
     )
-    benefit: Literal["groups", "any_group"] = field(
+    benefit: Literal["groups", "any_group", "diminishing"] = field(
         "any_group",
         "What one step is worth (benefit(g) in benefit per second). any_group: P(at least one "
-        "of the step's groups is informative), flat in the batch beyond that (the per-step law "
-        "the real runs' held-out accuracy follows; the default since 2026-12-07, docs/sagc.md "
-        "\"What one step is worth\"); groups: informative groups x (1 - 1/g), the paper's "
-        "group-variance benefit.",
+        "of the step's groups is informative), flat in the batch beyond that (the default since "
+        "2026-12-07, docs/sagc.md \"What one step is worth\"); groups: informative groups x "
+        "(1 - 1/g), the paper's group-variance benefit; diminishing: n / (n + 1) of the step's "
+        "n informative groups (each further group worth less; under test).",
     )
     timing: Literal["measured", "model"] = field(
         "measured",

@@ -301,16 +301,31 @@ def benefit_per_prompt(g: int, w: np.ndarray) -> float:
     return p_informative(g, w) * (1.0 - 1.0 / g)
 
 
+def expected_diminishing(b: float, q: float) -> float:
+    """E[N / (N + 1)] for N ~ Binomial(b, q): the `diminishing` law's expected benefit of a step
+    of b groups, each informative with probability q. Closed form, from E[1 / (N + 1)] =
+    (1 - (1 - q)^(b + 1)) / ((b + 1) q) (integrate the generating function); 0 when q = 0."""
+    if q <= 0.0 or b <= 0.0:
+        return 0.0
+    q = min(q, 1.0)
+    tail = 1.0 if q >= 1.0 else -np.expm1((b + 1.0) * np.log1p(-q))  # 1 - (1 - q)^(b + 1)
+    return float(1.0 - tail / ((b + 1.0) * q))
+
+
 def predicted_benefit(cfg: Any, state: State, consts: SAGCConstants | None = None) -> np.ndarray:
     """Expected benefit of one step at each g, under ``cfg.benefit``. [K]
 
     groups: B(g) x benefit_per_prompt (informative groups x (1 - 1/g)); any_group: P(at least
     one of the step's B(g) groups is informative) = 1 - (1 - p_informative)^B, in [0, 1]
-    (prompts drawn independently)."""
+    (prompts drawn independently); diminishing: E[N / (N + 1)] for the step's informative
+    groups N ~ Binomial(B, p_informative), in [0, 1) (`expected_diminishing`)."""
     w = pass_rate_mixture(cfg, state, consts)
     bs = batch_prompts(cfg, state)
     if cfg.benefit == "any_group":
         return np.array([1.0 - (1.0 - p_informative(g, w)) ** bs[i]
+                         for i, g in enumerate(cfg.group_sizes)])
+    if cfg.benefit == "diminishing":
+        return np.array([expected_diminishing(float(bs[i]), p_informative(g, w))
                          for i, g in enumerate(cfg.group_sizes)])
     return np.array([bs[i] * benefit_per_prompt(g, w) for i, g in enumerate(cfg.group_sizes)])
 
@@ -344,7 +359,8 @@ def binom_llr2(k1: np.ndarray, n1: np.ndarray, k2: np.ndarray, n2: np.ndarray) -
 def realised_benefit(rewards: np.ndarray, threshold: float, form: str = "groups") -> float:
     """One step's benefit from its rewards [P, g] (binarised at threshold, as the benefit model
     is). form groups: Σ over groups [passes not all equal] x (1 - 1/g); any_group: 1.0 if some
-    group's passes are mixed, else 0.0 (``SAGCConfig.benefit``)."""
+    group's passes are mixed, else 0.0; diminishing: n / (n + 1) of its n mixed groups
+    (``SAGCConfig.benefit``)."""
     g = rewards.shape[-1]
     k = (rewards > threshold).sum(-1)
     return step_worth(int(((k > 0) & (k < g)).sum()), g, form)
@@ -352,10 +368,13 @@ def realised_benefit(rewards: np.ndarray, threshold: float, form: str = "groups"
 
 def step_worth(informative: int, g: int, form: str = "groups") -> float:
     """One step's benefit from its count of informative groups of size g, under ``form``
-    (groups: informative x (1 - 1/g); any_group: 1.0 if any, else 0.0). Shared by the
-    controller's realised benefit and the simulator's world law."""
+    (groups: informative x (1 - 1/g); any_group: 1.0 if any, else 0.0; diminishing:
+    informative / (informative + 1), each further group worth less: 1/2, 2/3, 3/4, ...). Shared
+    by the controller's realised benefit and the simulator's world law."""
     if form == "any_group":
         return float(informative > 0)
+    if form == "diminishing":
+        return informative / (informative + 1.0)
     return informative * (1.0 - 1.0 / g)
 
 

@@ -7,13 +7,12 @@ command line and report: ``simulate_cli.py``). Config schema (all keys optional,
 {...}``; see docs/sagc.md. Policies see identical workload randomness (``workload.py``).
 
 Per step and policy: rollout seconds = prefill(rows) + decode_steps x t_decode(rows), with
-decode_steps the batch's longest row rounded up to ``timing.decode_chunk``; realised benefit =
-Σ over groups [rewards not all equal] x (1 - 1/g) (``progress: any_group``: 1 if any group's
-rewards are mixed, else 0); straggler rate = the mean straggler cost of
-the step's groups under ``sagc.straggler`` (the controller's definition). The controller's
-horizon is ``steps`` and the seed of its draws ``seed`` (passed to it, as the trainer passes
-run.steps).
-"""
+decode_steps the batch's longest row rounded up to ``timing.decode_chunk``; realised benefit = Σ
+over groups [rewards not all equal] x (1 - 1/g) (``progress: any_group``: 1 if any group's rewards
+are mixed, else 0; ``diminishing``: n / (n + 1) of n mixed groups); straggler rate = the mean
+straggler cost of the step's groups under ``sagc.straggler`` (the controller's definition). The
+controller's horizon is ``steps`` and the seed of its draws ``seed`` (passed to it, as the trainer
+passes run.steps)."""
 
 from __future__ import annotations
 
@@ -128,8 +127,8 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
     window = _int(raw.get("plot_window", DEFAULT_SIM["plot_window"]), "plot_window", 1)
     owin = _int(raw.get("oracle_window", DEFAULT_SIM["oracle_window"]), "oracle_window", 1)
     progress = raw.get("progress", DEFAULT_SIM["progress"])
-    if progress not in ("groups", "any_group"):
-        raise ValueError(f"progress: 'groups' or 'any_group', got {progress!r}")
+    if progress not in ("groups", "any_group", "diminishing"):
+        raise ValueError(f"progress: 'groups', 'any_group' or 'diminishing', got {progress!r}")
     sagc_raw = raw.get("sagc") or {}
     if not isinstance(sagc_raw, dict):
         raise ValueError(f"sagc: a mapping, got {sagc_raw!r}")
