@@ -560,6 +560,20 @@ def test_mix_curves_reads_another_folders_statics_on_this_folders_clock(tmp_path
     assert _main(["--mix", str(mix), "--stat", str(real)]) == 2
 
 
+def test_curves_cli_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    """`python -m sagc_jax.experiments.curves`: --help works; a missing run, an empty mix folder
+    or no argument is exit 2 with one line naming it, no traceback."""
+    from sagc_jax.experiments.curves import _main
+
+    assert _main(["--help"]) == 0
+    assert "--statics" in capsys.readouterr().out
+    assert _main([str(tmp_path / "nope")]) == 2
+    assert "nope/eval.json" in capsys.readouterr().err
+    assert _main(["--mix", str(tmp_path)]) == 2
+    assert f"--mix {tmp_path}: no committed run" in capsys.readouterr().err
+    assert _main([]) == 2 and _main(["--statics", str(tmp_path)]) == 2
+
+
 def test_sagc_doc_benefit_tables_are_the_scripts_output():
     """docs/sagc.md's benefit-form and per-step tables are what `python
     benchmarks/sagc_benefit_forms.py` prints from the committed real runs (a run added to a mix

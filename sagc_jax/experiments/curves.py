@@ -360,18 +360,34 @@ def _benefit_md(mix_dir: str | Path, statics: str | Path | None = None) -> list[
 def _main(argv: Sequence[str]) -> int:
     """`python -m sagc_jax.experiments.curves RUN_DIR`: one run's points; `... --mix MIX_DIR
     [--statics DIR]`: the per-clock table over its committed runs (with DIR's static runs,
-    read on MIX_DIR's `model` clock)."""
-    if argv[:1] == ["--mix"] and len(argv) in (2, 4) and argv[2:3] in ([], ["--statics"]):
-        statics = argv[3] if len(argv) == 4 else None
-        summary = mix_curves(argv[1], statics)
-        print("\n".join([*format_curves_md(summary), *verdict_md(summary), *paired_md(summary),
-                         *_benefit_md(argv[1], statics)]))
-        return 0
-    if len(argv) != 1:
-        print("usage: python -m sagc_jax.experiments.curves RUN_DIR | --mix MIX_DIR "
-              "[--statics DIR]")
+    read on MIX_DIR's `model` clock). Bad arguments or folders: one line naming them, exit 2."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m sagc_jax.experiments.curves", allow_abbrev=False,
+                                 description="Held-out accuracy against seconds, per clock.")
+    ap.add_argument("run_dir", nargs="?", help="one committed run's folder")
+    ap.add_argument("--mix", help="a task mix's folder of <policy>-s<seed>/ runs")
+    ap.add_argument("--statics", help="another folder's static runs, read on MIX's clock")
+    try:
+        a = ap.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2): argparse has printed why
+        return int(e.code or 0)
+    if (a.mix is None) == (a.run_dir is None) or (a.statics and not a.mix):
+        ap.print_usage(sys.stderr)
         return 2
-    pts = run_curves(argv[0])
+    try:
+        if a.mix and not mix_runs(a.mix, None)[0]:
+            raise ValueError(f"--mix {a.mix}: no committed run (<policy>-s<seed>/eval.json) in it")
+        if a.mix:
+            summary = mix_curves(a.mix, a.statics)
+            print("\n".join([*format_curves_md(summary), *verdict_md(summary),
+                             *paired_md(summary), *_benefit_md(a.mix, a.statics)]))
+            return 0
+        pts = run_curves(a.run_dir)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"curves: {e}", file=sys.stderr)
+        return 2
     first = pts[CLOCKS[0]]
     print("| step | " + " | ".join(str(p.step) for p in first) + " |")
     print("|---|" + "---:|" * len(first))
