@@ -61,6 +61,17 @@ for law in any_group groups diminishing; do
     QUEUE+=("docs/results/sagc_main_job_init1_$law|$TINY|sagc-model|$seed|runs/sagc_main_init1_$law|run.eval_every=0 init.seed=1 sagc.benefit=$law|$MAIN")
   done
 done
+# The `diminishing` law on SmolLM2's two-prompt mixes, shipped defaults otherwise: this CPU's
+# line first (where any_group won and groups lost), then arith2 and arith1 on the `model` clock
+# (`MATCH=_dim` runs only these; twenty-fifth session).
+for seed in 0 1 2; do
+  QUEUE+=("docs/results/sagc_real_cpuclock_dim|$A1|sagc-model|$seed|runs/sagc49cpu_dim|$CPU sagc.benefit=diminishing")
+done
+for mix in "$A2" "$A1"; do
+  for seed in 0 1 2; do
+    QUEUE+=("docs/results/sagc_real_dim|$mix|sagc-model|$seed|runs/sagc49_dim|sagc.benefit=diminishing")
+  done
+done
 
 done_run() {  # done_run DEST MIX POLICY SEED: its raw files, evaluations included, are in the repo
   [[ -f $1/${2%%=*}/$3-s$4/eval.json ]]
