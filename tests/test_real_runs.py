@@ -87,6 +87,8 @@ SAGC_ANY = sorted(SAGC_REAL.parent.glob("sagc_real_any/arith*/sagc-model-s*"))
 SAGC_CPU_PRIOR = sorted(SAGC_REAL.parent.glob("sagc_real_cpuclock_prior/arith*/sagc-model-s*"))
 #: The main job's cell (configs/tiny_cpu.yaml, 150 steps, 8 prompts a step), either benefit law.
 SAGC_MAIN = sorted(SAGC_REAL.parent.glob("sagc_main_job*/arith/sagc-model-s*"))
+#: `sagc.benefit: diminishing` on SmolLM2 (this CPU's line and the `model` clock; 2026-12-07).
+SAGC_DIM = sorted(SAGC_REAL.parent.glob("sagc_real*_dim/arith*/sagc-model-s*"))
 _FIXED = sc.FIXED_START
 #: Runs trained since the prior's start became the default (twentieth session), before runs
 #: recorded their constants (sagc_constants.json, which `replay` reads instead): they replay
@@ -105,7 +107,7 @@ SAGC_RUNS = [(RUNS / "sagc", _ROWS), (RUNS_PROMPTS / "sagc", _ROWS),
                if not (d / SAME_AS).is_file()),
              *((d, _FIXED) for d in sorted(SAGC_CPU.glob("arith*/sagc-model-s*"))),
              *((d, {} if d in _TODAY else _FIXED) for d in (*SAGC_CPU_ANY, *SAGC_ANY)),
-             *((d, {}) for d in (*SAGC_CPU_PRIOR, *SAGC_MAIN))]
+             *((d, {}) for d in (*SAGC_CPU_PRIOR, *SAGC_MAIN, *SAGC_DIM))]
 #: SAGC runs not trained because they are a static run (`curves.SAME_AS`).
 SAGC_SAME_AS = sorted(d for d in SAGC_REAL.glob("arith*/sagc-model-s*") if (d / SAME_AS).is_file())
 
