@@ -570,7 +570,7 @@ def test_curves_cli_refuses_bad_arguments_in_one_line(tmp_path, capsys):
     assert _main([str(tmp_path / "nope")]) == 2
     assert "nope/eval.json" in capsys.readouterr().err
     assert _main(["--mix", str(tmp_path)]) == 2
-    assert f"--mix {tmp_path}: no committed run" in capsys.readouterr().err
+    assert f"{tmp_path}: no committed run" in capsys.readouterr().err
     assert _main([]) == 2 and _main(["--statics", str(tmp_path)]) == 2
 
 

@@ -276,6 +276,8 @@ def mix_runs(mix_dir: str | Path, statics: str | Path | None) -> tuple[list[Path
     `model` clock of the mix's runs (which must share one): a static run's trajectory does not
     depend on the clock, so one set of static runs serves a cell on another time model."""
     runs = [r for r in sorted(Path(mix_dir).glob("*-s*")) if (data_dir(r) / "eval.json").is_file()]
+    if not runs:
+        raise ValueError(f"{mix_dir}: no committed run (<policy>-s<seed>/eval.json) in it")
     if statics is None:
         return runs, None
     models = {_time_model(r) for r in runs}
@@ -377,8 +379,6 @@ def _main(argv: Sequence[str]) -> int:
         ap.print_usage(sys.stderr)
         return 2
     try:
-        if a.mix and not mix_runs(a.mix, None)[0]:
-            raise ValueError(f"--mix {a.mix}: no committed run (<policy>-s<seed>/eval.json) in it")
         if a.mix:
             summary = mix_curves(a.mix, a.statics)
             print("\n".join([*format_curves_md(summary), *verdict_md(summary),

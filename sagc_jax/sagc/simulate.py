@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +128,9 @@ def parse_sim_config(raw: dict[str, Any], base_dir: Path | None = None) -> SimCo
     window = _int(raw.get("plot_window", DEFAULT_SIM["plot_window"]), "plot_window", 1)
     owin = _int(raw.get("oracle_window", DEFAULT_SIM["oracle_window"]), "oracle_window", 1)
     progress = raw.get("progress", DEFAULT_SIM["progress"])
-    if progress not in ("groups", "any_group", "diminishing"):
-        raise ValueError(f"progress: 'groups', 'any_group' or 'diminishing', got {progress!r}")
+    laws = typing.get_args(SAGCConfig.model_fields["benefit"].annotation)  # sagc.benefit's
+    if progress not in laws:
+        raise ValueError(f"progress: one of {', '.join(laws)}, got {progress!r}")
     sagc_raw = raw.get("sagc") or {}
     if not isinstance(sagc_raw, dict):
         raise ValueError(f"sagc: a mapping, got {sagc_raw!r}")
