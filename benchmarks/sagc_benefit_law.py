@@ -15,7 +15,9 @@ random numbers): for each world law (simulator ``progress: groups | any_group``)
 benchmarks/results/sagc_benefit_law/<law>_<clock>.json (`tools/sagc_suite.py`). Then the
 warm-up rung: both models warming up at the smallest rung instead of the largest, in every
 cell (<law>_<clock>_init4.json), and at the rung the prior prices best
-(<law>_<clock>_prior.json).
+(<law>_<clock>_prior.json). Last, the three benefit models (shipped ``any_group``, ``groups`` and
+``diminishing``: n informative groups worth n / (n + 1)) in a world of each of the three laws
+(<law>_<clock>_dim.json, run on a commit where ``any_group`` is shipped).
 """
 
 from __future__ import annotations
@@ -39,29 +41,36 @@ CLOCKS = {
     "cpu": tuple(f"{sec}.{k}={v}" for k, v in CPU.items() for sec in ("timing", "sagc.time_model")),
 }
 LAWS = ("groups", "any_group")
+#: Every law `sagc.benefit` can carry, each a world in the last table (`<law>_<clock>_dim.json`).
+DIM_LAWS = ("groups", "any_group", "diminishing")
+#: The last table's variants beside the shipped model (`sagc`: any_group since 2026-12-05).
+DIM = ("grp=benefit=groups", "dim=benefit=diminishing")
 
 
 #: The warm-up rung: both benefit models warming up at the smallest rung (4) instead of the
 #: shipped largest (16), in every (law, clock) cell: `<law>_<clock>_init4.json`, whose `any` is
 #: the same as the law file's (common random numbers) and `groups4` / `any4` the new variants.
-INIT4 = ("groups4=initial_group_size=4", "any4=benefit=any_group,initial_group_size=4")
+INIT4 = ("any=benefit=any_group", "groups4=initial_group_size=4",
+         "any4=benefit=any_group,initial_group_size=4")
 #: The clock-aware warm-up rung: both benefit models warming up where the prior prices best
 #: (the `prior_start` constant: uniform pass rate, every group's longest row at the cap, off
 #: the time model), in every cell: `<law>_<clock>_prior.json`. All of these JSONs were run
 #: before `prior_start` became the default (commits up to 8d0307c), so their `sagc` and `any`
 #: start at the largest rung; a rerun on a later commit starts them at the prior's rung unless
 #: given `prior_start=false` (the other two tables' JSONs likewise).
-PRIOR = ("groupsP=prior_start=true", "anyP=benefit=any_group,prior_start=true")
+PRIOR = ("any=benefit=any_group", "groupsP=prior_start=true",
+         "anyP=benefit=any_group,prior_start=true")
 
 
 def run(law: str, clock: str, workers: int, cache: Path, name: str | None = None,
-        extra: tuple[str, ...] = ()) -> Path:
-    """One suite run (skipped when its JSON exists); returns the JSON's path."""
+        extra: tuple[str, ...] = ("any=benefit=any_group",)) -> Path:
+    """One suite run (skipped when its JSON exists); returns the JSON's path. `extra`: the
+    variants beside the statics and shipped SAGC."""
     out = OUT / f"{name or f'{law}_{clock}'}.json"
     if out.exists():
         return out
     OUT.mkdir(parents=True, exist_ok=True)
-    variants = [a for v in ("any=benefit=any_group", *extra) for a in ("--variant", v)]
+    variants = [a for v in extra for a in ("--variant", v)]
     cmd = [sys.executable, "-m", "tools.sagc_suite", "--seeds", str(SEEDS), "--pop-seeds", "2",
            "--workers", str(workers), "--no-budget", "--cache", str(cache), *variants,
            "--json", str(out), "--set", *SHAPE, f"progress={law}", *CLOCKS[clock]]
@@ -130,12 +139,49 @@ def start_table(suffix: str = "init4", label: str = "4") -> str:
     return "\n".join(lines)
 
 
+def dim_table() -> str:
+    """Markdown: per workload, each benefit model's pooled benefit/s over the best static's in
+    a world of each law and clock (the JSONs present; `--dim` runs them); then the worst
+    workload and how many workloads reach 0.98."""
+    cols = [(law, clock) for law in DIM_LAWS for clock in CLOCKS
+            if (OUT / f"{law}_{clock}_dim.json").exists()]
+    if not cols:
+        return "(no <law>_<clock>_dim.json yet: `python benchmarks/sagc_benefit_law.py --dim`)"
+    data = {c: json.loads((OUT / f"{c[0]}_{c[1]}_dim.json").read_text()) for c in cols}
+    head = " | ".join(f"law {law}, {clock} clock: any_group / groups / diminishing (best)"
+                      for law, clock in cols)
+    lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols)]
+    ratios: dict[tuple[str, str], list[list[float]]] = {c: [] for c in cols}
+    for name in data[cols[0]]["workloads"]:
+        cells = []
+        for c in cols:
+            r, g = _over_best(data[c]["workloads"][name], ("sagc", "grp", "dim"))
+            ratios[c].append(r)
+            cells.append(" / ".join(f"{x:.3f}" for x in r) + f" ({g})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| **worst** | " + " | ".join(
+        "**" + " / ".join(f"{min(r[i] for r in ratios[c]):.3f}" for i in range(3)) + "**"
+        for c in cols) + " |")
+    n = len(ratios[cols[0]])
+    lines.append(f"| ≥ 0.98 (of {n}) | " + " | ".join(
+        " / ".join(str(sum(r[i] >= 0.98 for r in ratios[c])) for i in range(3)) for c in cols)
+                 + " |")
+    return "\n".join(lines) + "\n\nCommits: " + ", ".join(
+        sorted({data[c]["meta"]["commit"] for c in cols}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--cache", default=str(ROOT / "runs" / "sim_cache" / "benefit_law"))
+    ap.add_argument("--dim", action="store_true",
+                    help="also run the three-law table's JSONs (~3-4 CPU-h on 2 cores)")
     a = ap.parse_args()
+    if a.dim and not a.table_only:
+        for law in DIM_LAWS:
+            for clock in CLOCKS:
+                run(law, clock, a.workers, Path(a.cache), f"{law}_{clock}_dim", extra=DIM)
     if not a.table_only:
         for law in LAWS:
             for clock in CLOCKS:
@@ -147,6 +193,8 @@ def main() -> None:
     print(start_table())
     print("\nThe prior's warm-up rung (16, shipped, against the `prior_start` constant's)\n")
     print(start_table("prior", "P"))
+    print("\nThe three benefit models in a world of each law\n")
+    print(dim_table())
 
 
 if __name__ == "__main__":
