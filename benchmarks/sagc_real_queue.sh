@@ -63,7 +63,8 @@ for law in any_group groups diminishing; do
 done
 # The `diminishing` law on SmolLM2's two-prompt mixes, shipped defaults otherwise: this CPU's
 # line first (where any_group won and groups lost), then arith2 and arith1 on the `model` clock
-# (`MATCH=_dim` runs only these; twenty-fifth session).
+# (`MATCH=_dim` runs only these; twenty-fifth session). The CPU line's three seeds missed the
+# switching rule (twenty-sixth session: docs/sagc.md), so the rest is the law's record only.
 for seed in 0 1 2; do
   QUEUE+=("docs/results/sagc_real_cpuclock_dim|$A1|sagc-model|$seed|runs/sagc49cpu_dim|$CPU sagc.benefit=diminishing")
 done

@@ -192,7 +192,8 @@ class SAGCConfig(Section):
         "of the step's groups is informative), flat in the batch beyond that (the default since "
         "2026-12-07, docs/sagc.md \"What one step is worth\"); groups: informative groups x "
         "(1 - 1/g), the paper's group-variance benefit; diminishing: n / (n + 1) of the step's "
-        "n informative groups (each further group worth less; under test).",
+        "n informative groups (each further group worth less; an option, not the default: "
+        "below it on arith1 on this CPU's clock, docs/sagc.md).",
     )
     timing: Literal["measured", "model"] = field(
         "measured",
