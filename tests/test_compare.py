@@ -576,12 +576,12 @@ def test_curves_cli_refuses_bad_arguments_in_one_line(tmp_path, capsys):
 
 def test_sagc_doc_benefit_tables_are_the_scripts_output():
     """docs/sagc.md's benefit-form and per-step tables are what `python
-    benchmarks/sagc_benefit_forms.py` prints from the committed real runs (a run added to a mix
+    -m tools.sagc_benefit_forms` prints from the committed real runs (a run added to a mix
     folder must be followed by regenerating them)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "benchmarks/sagc_benefit_forms.py"],
+    out = subprocess.run([sys.executable, "-m", "tools.sagc_benefit_forms"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     rows = [ln for ln in out.splitlines() if ln.startswith("| ")]
     doc = (ROOT / "docs" / "sagc.md").read_text().splitlines()

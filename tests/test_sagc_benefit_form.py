@@ -107,13 +107,13 @@ def test_sim_progress_rejects_unknown_law():
 
 def test_benefit_law_table_is_its_committed_runs():
     """docs/sagc.md's "What one step is worth" tables are what `python
-    benchmarks/sagc_benefit_law.py --table-only` prints from the committed suite JSONs."""
+    -m tools.sagc_benefit_law --table-only` prints from the committed suite JSONs."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "benchmarks/sagc_benefit_law.py", "--table-only"],
+    out = subprocess.run([sys.executable, "-m", "tools.sagc_benefit_law", "--table-only"],
                          capture_output=True, text=True, check=True, cwd=root).stdout
     rows = [ln for ln in out.splitlines() if ln.startswith("| ")]
     doc = (root / "docs" / "sagc.md").read_text().splitlines()

@@ -1,6 +1,6 @@
 """Issue 49's check of the benefit model against learning, for several per-step benefit forms.
 
-    python benchmarks/sagc_benefit_forms.py
+    python -m tools.sagc_benefit_forms
 
 For each committed real-model cell (arith1 and arith2 on the `model` clock, arith1 on this CPU's
 time model) and the main job's cell from one warm start, the static-G runs' realised benefit per

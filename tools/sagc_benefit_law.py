@@ -1,7 +1,7 @@
 """Issue 49: SAGC's benefit model against the world's per-step law, in the simulator.
 
-    python benchmarks/sagc_benefit_law.py              # runs what is missing, prints the table
-    python benchmarks/sagc_benefit_law.py --table-only # the table from the committed JSONs
+    python -m tools.sagc_benefit_law              # runs what is missing, prints the table
+    python -m tools.sagc_benefit_law --table-only # the table from the committed JSONs
 
 The real runs' held-out accuracy per step is nearly flat in G (docs/sagc.md, "What one step is
 worth"), which reads like "a step is worth one step if some group in it is informative" rather
@@ -147,7 +147,7 @@ def dim_table() -> str:
     cols = [(law, clock) for law in DIM_LAWS for clock in CLOCKS
             if (OUT / f"{law}_{clock}_dim.json").exists()]
     if not cols:
-        return "(no <law>_<clock>_dim.json yet: `python benchmarks/sagc_benefit_law.py --dim`)"
+        return "(no <law>_<clock>_dim.json yet: `python -m tools.sagc_benefit_law --dim`)"
     data = {c: json.loads((OUT / f"{c[0]}_{c[1]}_dim.json").read_text()) for c in cols}
     head = " | ".join(f"law {law}, {clock} clock: groups / any_group / diminishing (best)"
                       for law, clock in cols)
