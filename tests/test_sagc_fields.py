@@ -535,3 +535,20 @@ def test_recorded_constants_round_trip_and_refuse_another_version(tmp_path):
     path.write_text(json.dumps({**raw, "tie_margin": 0.02}))
     with pytest.raises(ValueError, match=r"missing \['cost_ema'\], unknown \['tie_margin'\]"):
         sc.load_constants(path)
+
+
+def test_recorded_window_steps_reads_as_the_flag_that_replaced_it(tmp_path):
+    """Files written before window_steps was derived (change_window / 2) load as step_memory:
+    16 (= 32 / 2) as True, 0 as False (ROW_MEMORIES); any other value is refused."""
+    path = tmp_path / sc.CONSTANTS_FILE
+    sc.save_constants(path, sc.CONSTANTS)
+    raw = json.loads(path.read_text())
+    del raw["step_memory"]
+    for old, memory in ((16, True), (0, False)):
+        path.write_text(json.dumps({**raw, "window_steps": old}))
+        assert sc.load_constants(path).step_memory is memory
+    assert sc.window_steps(sc.CONSTANTS) == 16
+    assert sc.window_steps(dataclasses.replace(sc.CONSTANTS, **sc.ROW_MEMORIES)) == 0
+    path.write_text(json.dumps({**raw, "window_steps": 8}))
+    with pytest.raises(ValueError, match="window_steps=8 is retired"):
+        sc.load_constants(path)

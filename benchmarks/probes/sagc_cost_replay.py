@@ -2,7 +2,7 @@
 beside what the step really cost (issue 49's diagnosis of the real-model runs).
 
     python benchmarks/probes/sagc_cost_replay.py docs/results/sagc_real/arith1/sagc-model-s0
-    python benchmarks/probes/sagc_cost_replay.py RUN_DIR --set window_steps=0 \\
+    python benchmarks/probes/sagc_cost_replay.py RUN_DIR --set step_memory=false \\
         --set half_life=12        # the same observations under other settings (counterfactual)
     python benchmarks/probes/sagc_cost_replay.py STATIC_RUN --set 'group_sizes=[4,8,16]'
                                   # what SAGC would have chosen on a static run's observations

@@ -42,6 +42,7 @@ __all__ = [
     "save_constants",
     "trend_half_life",
     "window_rows",
+    "window_steps",
 ]
 
 
@@ -75,13 +76,14 @@ class SAGCConstants:
     pass_em_iters: int = 5
     # EMA weight of a new per-shape timing measurement: averages step-to-step noise over ~3 steps.
     cost_ema: float = 0.3
-    # The length model reads the rows and group medians of the last window_steps steps (and
+    # The length model reads the rows and group medians of the last `window_steps` steps (and
     # none before the last change): lengths drift per update, not per row, so a memory counted
     # in rows was ~16 steps at the simulator's 16 prompts/step but a whole 48-step real run at
-    # 2 prompts/step (issue 49: second-half seconds over-predicted 4.5x). 16 = the simulator's
-    # median memory before (256 groups / 16 prompts). At most change_window (hist_tr's depth);
-    # 0 = no step window (the rings' capacity alone: ROW_MEMORIES).
-    window_steps: int = 16
+    # 2 prompts/step (issue 49: second-half seconds over-predicted 4.5x). How many steps is
+    # derived, half the change test's depth (change_window / 2 = 16): 8 or 32 steps moved no
+    # workload > 0.4 % (40 seeds, benchmarks/sagc_ablation.md). False = no step window (the
+    # rings' capacity alone: ROW_MEMORIES).
+    step_memory: bool = True
     # Capacity of the ring of untruncated row length / group median: at least this many rows
     # (and always at least window_rows_per_rung x the largest rung); bounds the memory when
     # steps are large (the simulator's G = 16: 8 steps).
@@ -153,7 +155,7 @@ CONSTANTS = SAGCConstants()
 #: The length model's memories before its rings were read over steps (2026-12-05, issue 49):
 #: back to their capacity. Runs recorded before then replay exactly under
 #: ``dataclasses.replace(CONSTANTS, **ROW_MEMORIES)``.
-ROW_MEMORIES: dict[str, Any] = {"window_steps": 0}
+ROW_MEMORIES: dict[str, Any] = {"step_memory": False}
 
 #: `timing: model` pricing an unrun shape flat at the seconds of those run (2026-12-06, issue
 #: 49): runs recorded before then replay exactly with these constants too.
@@ -177,13 +179,28 @@ def load_constants(path: str | os.PathLike[str]) -> SAGCConstants:
     after the run; its old behaviour is the caller's to pin) or one it has that no longer
     exists raises ValueError naming the keys and the file."""
     with open(path) as f:
-        raw = json.load(f)
+        raw = _retire(json.load(f), os.fspath(path))
     names = {f.name for f in dataclasses.fields(SAGCConstants)}
     missing, unknown = sorted(names - raw.keys()), sorted(raw.keys() - names)
     if missing or unknown:
         raise ValueError(f"{os.fspath(path)}: SAGC constants missing {missing}, unknown "
                          f"{unknown}; the file was written by another version of sagc-jax")
     return SAGCConstants(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
+def _retire(raw: dict[str, Any], path: str) -> dict[str, Any]:
+    """A recorded file's retired constants as the flags that replace them: ``window_steps``
+    (until 2026-12-07) was change_window / 2 (``step_memory``) or 0 (ROW_MEMORIES); another
+    value has no equivalent now and raises ValueError naming the file."""
+    if "window_steps" not in raw or "step_memory" in raw:
+        return raw
+    raw = dict(raw)
+    w = raw.pop("window_steps")
+    if w not in (0, raw.get("change_window", 0) // 2):
+        raise ValueError(f"{path}: window_steps={w} is retired (now change_window / 2 steps, "
+                         "or none); the run does not replay under this version")
+    raw["step_memory"] = w != 0
+    return raw
 
 
 def resolve(consts: SAGCConstants | None) -> SAGCConstants:
@@ -209,6 +226,12 @@ def trend_half_life(cfg: Any, consts: SAGCConstants | None = None) -> float:
 def credit_horizon(cfg: Any, consts: SAGCConstants | None = None) -> float:
     """Steps over which saved credit may be spent: risk cap = delta + credit / this."""
     return resolve(consts).credit_horizon_x * cfg.half_life
+
+
+def window_steps(consts: SAGCConstants | None = None) -> int:
+    """Steps the length model reads back (change_window / 2); 0 = no step window."""
+    c = resolve(consts)
+    return c.change_window // 2 if c.step_memory else 0
 
 
 def window_rows(cfg: Any, consts: SAGCConstants | None = None) -> int:

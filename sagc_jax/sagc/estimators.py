@@ -20,7 +20,7 @@ import numpy as np
 from scipy.special import betainc, betaincinv
 
 from sagc_jax.config.sagc import risk_level
-from sagc_jax.config.sagc_constants import SAGCConstants, resolve, trend_half_life
+from sagc_jax.config.sagc_constants import SAGCConstants, resolve, trend_half_life, window_steps
 from sagc_jax.sagc.state import Length, State
 from sagc_jax.sagc.timing import TimeModel
 from sagc_jax.shapes import prompts_for
@@ -49,7 +49,7 @@ def recent_since(length: Length, consts: SAGCConstants | None = None) -> tuple[i
     """Where the length model's rings are read from: (rows, groups) write counts of the later of
     the last change and the start of the last ``window_steps`` steps (per-step counts from
     ``hist_tr``; the residual ring holds untruncated rows only)."""
-    w = resolve(consts).window_steps
+    w = window_steps(consts)
     if w <= 0:
         return int(length.rows_since), int(length.groups_since)
     h = length.hist_tr[: min(w, len(length.hist_tr))]
