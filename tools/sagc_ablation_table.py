@@ -33,6 +33,13 @@ PARTS = {
                        "variants, run before the switch)",
 }
 
+#: What a verdict led to, by constant: the page states it beside the verdict, so a reader sees
+#: which "derive or remove" is still open.
+ACTED = {
+    "window_steps": "derived 2026-12-07: `change_window` / 2 (the same 16; flag `step_memory`)",
+    "rate_half_life_x": "not read without a budget: its values moved to the `budget` part",
+}
+
 
 def load_part(folder: Path) -> tuple[dict, dict[str, list[str]], list[dict]]:
     """(merged suite figures, variant name -> overrides, each file's meta) of one part's JSONs.
@@ -111,6 +118,8 @@ def part_md(part: str, res: dict, variants: dict[str, list[str]], metas: list[di
     for key in sorted(by_key):
         figs = [variant_figures(res, n) for n in by_key[key]]
         verdict = constant_verdict(figs)
+        if key in ACTED:
+            verdict += f"; {ACTED[key]}"
         for i, (name, f) in enumerate(zip(by_key[key], figs)):
             (lo, lse, lw), (hi, hse, hw) = f["loss"], f["gain"]
             out.append(f"| {'`' + key + '`' if i == 0 else ''} | {', '.join(variants[name])} | "
