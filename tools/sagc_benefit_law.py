@@ -87,25 +87,41 @@ def _over_best(w: dict, policies: tuple[str, ...]) -> tuple[list[float], str]:
         "static-")
 
 
+def _ratio_rows(data: dict, cols: list[tuple[str, str]], policies: tuple[str, ...],
+                groups: tuple[tuple[int, ...], ...], counts: bool = True) -> list[str]:
+    """Markdown rows: per workload, each column's pooled benefit/s of `policies` over the best
+    static's (a cell joins `groups` of them, " / " within one and "; " between) with that
+    static's G; then the worst workload and (`counts`) how many workloads reach 0.98."""
+    def join(vals: list[str]) -> str:
+        return "; ".join(" / ".join(vals[i] for i in grp) for grp in groups)
+
+    ratios: dict[tuple[str, str], list[list[float]]] = {c: [] for c in cols}
+    lines = []
+    for name in data[cols[0]]["workloads"]:
+        cells = []
+        for c in cols:
+            r, g = _over_best(data[c]["workloads"][name], policies)
+            ratios[c].append(r)
+            cells.append(f"{join([f'{x:.3f}' for x in r])} ({g})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    k = range(len(policies))
+    lines.append("| **worst** | " + " | ".join(
+        f"**{join([f'{min(r[i] for r in ratios[c]):.3f}' for i in k])}**" for c in cols) + " |")
+    if counts:
+        lines.append(f"| ≥ 0.98 (of {len(ratios[cols[0]])}) | " + " | ".join(
+            join([str(sum(r[i] >= 0.98 for r in ratios[c])) for i in k]) for c in cols) + " |")
+    return lines
+
+
 def table() -> str:
     """Markdown: per workload, SAGC's and the alternative's pooled benefit/s over the best
     static's, under each (law, clock); the last row the worst workload."""
     cols = [(law, clock) for law in LAWS for clock in CLOCKS]
     data = {c: json.loads((OUT / f"{c[0]}_{c[1]}.json").read_text()) for c in cols}
-    names = list(data[cols[0]]["workloads"])
     head = " | ".join(f"law {law}, {clock} clock: groups / any_group (best static)"
                       for law, clock in cols)
-    lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols)]
-    worst = {c: [1e9, 1e9] for c in cols}
-    for name in names:
-        cells = []
-        for c in cols:
-            r, g = _over_best(data[c]["workloads"][name], ("sagc", "any"))
-            worst[c] = [min(a, b) for a, b in zip(worst[c], r, strict=True)]
-            cells.append(f"{r[0]:.3f} / {r[1]:.3f} ({g})")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("| **worst** | " + " | ".join(f"**{worst[c][0]:.3f} / {worst[c][1]:.3f}**"
-                                             for c in cols) + " |")
+    lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols),
+             *_ratio_rows(data, cols, ("sagc", "any"), ((0, 1),), counts=False)]
     seeds = {data[c]["meta"]["seeds"] for c in cols}
     return "\n".join(lines) + f"\n\nSeeds: {sorted(seeds)}; commits: " + ", ".join(
         sorted({data[c]["meta"]["commit"] for c in cols}))
@@ -121,23 +137,9 @@ def start_table(suffix: str = "init4", label: str = "4") -> str:
     alt = {"init4": ("groups4", "any4"), "prior": ("groupsP", "anyP")}[suffix]
     head = " | ".join(f"law {law}, {clock} clock: groups 16 / {label}; any_group 16 / {label} "
                       "(best)" for law, clock in cols)
-    lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols)]
-    ratios: dict[tuple[str, str], list[list[float]]] = {c: [] for c in cols}
-    for name in data[cols[0]]["workloads"]:
-        cells = []
-        for c in cols:
-            r, g = _over_best(data[c]["workloads"][name], ("sagc", alt[0], "any", alt[1]))
-            ratios[c].append(r)
-            cells.append(f"{r[0]:.3f} / {r[1]:.3f}; {r[2]:.3f} / {r[3]:.3f} ({g})")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    worst = [[min(r[i] for r in ratios[c]) for i in range(4)] for c in cols]
-    lines.append("| **worst** | " + " | ".join(
-        f"**{w[0]:.3f} / {w[1]:.3f}; {w[2]:.3f} / {w[3]:.3f}**" for w in worst) + " |")
-    n = len(ratios[cols[0]])
-    lines.append(f"| ≥ 0.98 (of {n}) | " + " | ".join(
-        "; ".join(" / ".join(str(sum(r[i] >= 0.98 for r in ratios[c])) for i in pair)
-                  for pair in ((0, 1), (2, 3))) for c in cols) + " |")
-    return "\n".join(lines)
+    return "\n".join([f"| workload | {head} |", "|---|" + "---|" * len(cols),
+                      *_ratio_rows(data, cols, ("sagc", alt[0], "any", alt[1]),
+                                   ((0, 1), (2, 3)))])
 
 
 def dim_table() -> str:
@@ -151,22 +153,8 @@ def dim_table() -> str:
     data = {c: json.loads((OUT / f"{c[0]}_{c[1]}_dim.json").read_text()) for c in cols}
     head = " | ".join(f"law {law}, {clock} clock: groups / any_group / diminishing (best)"
                       for law, clock in cols)
-    lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols)]
-    ratios: dict[tuple[str, str], list[list[float]]] = {c: [] for c in cols}
-    for name in data[cols[0]]["workloads"]:
-        cells = []
-        for c in cols:
-            r, g = _over_best(data[c]["workloads"][name], ("sagc", "any", "dim"))
-            ratios[c].append(r)
-            cells.append(" / ".join(f"{x:.3f}" for x in r) + f" ({g})")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("| **worst** | " + " | ".join(
-        "**" + " / ".join(f"{min(r[i] for r in ratios[c]):.3f}" for i in range(3)) + "**"
-        for c in cols) + " |")
-    n = len(ratios[cols[0]])
-    lines.append(f"| ≥ 0.98 (of {n}) | " + " | ".join(
-        " / ".join(str(sum(r[i] >= 0.98 for r in ratios[c])) for i in range(3)) for c in cols)
-                 + " |")
+    lines = [f"| workload | {head} |", "|---|" + "---|" * len(cols),
+             *_ratio_rows(data, cols, ("sagc", "any", "dim"), ((0, 1, 2),))]
     return "\n".join(lines) + "\n\nCommits: " + ", ".join(
         sorted({data[c]["meta"]["commit"] for c in cols}))
 
