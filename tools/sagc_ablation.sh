@@ -29,6 +29,8 @@ case $part in
     sets=(--no-budget --set sagc.benefit=any_group)
     # Done and acted on: ws8, ws32 (window_steps moved nothing: now change_window / 2) and
     # ratehl25 (exactly 1.000: the rate half-life is read only under a budget; see `budget`).
+    # cwin16 / cwin64 move the length window with change_window (8 / 32 steps), values that
+    # alone moved nothing: they measure the change test's depth.
     vs=(rung0=max_rung_step=0 rung2=max_rung_step=2
         cthr8=change_threshold=8 cthr30=change_threshold=30
         cwin16=change_window=16 cwin64=change_window=64
