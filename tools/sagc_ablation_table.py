@@ -33,11 +33,16 @@ PARTS = {
                        "variants, run before the switch)",
 }
 
-#: What a verdict led to, by constant: the page states it beside the verdict, so a reader sees
-#: which "derive or remove" is still open.
+#: What a verdict led to, by (part, constant): the page states it beside the verdict, so a
+#: reader sees which "derive or remove" is still open.
+_DERIVED = "derived 2026-12-07: `change_window` / 2 (the same 16; flag `step_memory`)"
+_TO_BUDGET = "not read without a budget: its values moved to the `budget` part"
 ACTED = {
-    "window_steps": "derived 2026-12-07: `change_window` / 2 (the same 16; flag `step_memory`)",
-    "rate_half_life_x": "not read without a budget: its values moved to the `budget` part",
+    ("nobudget", "window_steps"): _DERIVED, ("nobudget_groups", "window_steps"): _DERIVED,
+    ("nobudget", "rate_half_life_x"): _TO_BUDGET,
+    ("nobudget_groups", "rate_half_life_x"): _TO_BUDGET,
+    ("nobudget", "max_rung_step"): "kept until the `budget` part reads it: a climb limit "
+                                   "guards a stated budget, which is where it can cost",
 }
 
 
@@ -118,8 +123,8 @@ def part_md(part: str, res: dict, variants: dict[str, list[str]], metas: list[di
     for key in sorted(by_key):
         figs = [variant_figures(res, n) for n in by_key[key]]
         verdict = constant_verdict(figs)
-        if key in ACTED:
-            verdict += f"; {ACTED[key]}"
+        if (part, key) in ACTED:
+            verdict += f"; {ACTED[part, key]}"
         for i, (name, f) in enumerate(zip(by_key[key], figs)):
             (lo, lse, lw), (hi, hse, hw) = f["loss"], f["gain"]
             out.append(f"| {'`' + key + '`' if i == 0 else ''} | {', '.join(variants[name])} | "
