@@ -170,7 +170,8 @@ def test_ablation_table_reads_one_json_per_variant_and_refuses_another_baseline(
     assert tab.constant_verdict([same]).startswith("**moves nothing")
     page = tab.page_md(tmp_path / "res")
     assert "| `credit_horizon_x` | credit_horizon_x=3 |" in page
-    assert "Not run yet: measured, budget, nobudget_groups." in page
+    assert "Not run yet: measured, budget, nobudget_groups, nobudget_pinned." in page
+    assert "| *shipped SAGC's mean G* |" in page
     bad = json.loads((part / "same.json").read_text())
     bad["workloads"]["length_growth"]["policies"]["sagc"]["benefit_per_s"] *= 1.01
     (part / "zz.json").write_text(json.dumps(bad))
