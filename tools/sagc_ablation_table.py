@@ -47,6 +47,8 @@ ACTED = {
     ("nobudget_pinned", "window_steps"): _DERIVED, ("nobudget_groups", "window_steps"): _DERIVED,
     ("nobudget_pinned", "rate_half_life_x"): _TO_BUDGET,
     ("nobudget_groups", "rate_half_life_x"): _TO_BUDGET,
+    ("nobudget", "step_memory"): "the step window stays (its length derived: `change_window` "
+                                 "/ 2)",
 }
 
 
