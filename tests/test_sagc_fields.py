@@ -537,9 +537,10 @@ def test_recorded_constants_round_trip_and_refuse_another_version(tmp_path):
         sc.load_constants(path)
 
 
-def test_recorded_window_steps_reads_as_the_flag_that_replaced_it(tmp_path):
+def test_recorded_retired_constants_read_as_what_replaced_them(tmp_path):
     """Files written before window_steps was derived (change_window / 2) load as step_memory:
-    16 (= 32 / 2) as True, 0 as False (ROW_MEMORIES); any other value is refused."""
+    16 (= 32 / 2) as True, 0 as False (ROW_MEMORIES); any other value is refused. Likewise
+    length_half_life_x: 1 (half_life itself) loads, another value is refused."""
     path = tmp_path / sc.CONSTANTS_FILE
     sc.save_constants(path, sc.CONSTANTS)
     raw = json.loads(path.read_text())
@@ -551,4 +552,9 @@ def test_recorded_window_steps_reads_as_the_flag_that_replaced_it(tmp_path):
     assert sc.window_steps(dataclasses.replace(sc.CONSTANTS, **sc.ROW_MEMORIES)) == 0
     path.write_text(json.dumps({**raw, "window_steps": 8}))
     with pytest.raises(ValueError, match="window_steps=8 is retired"):
+        sc.load_constants(path)
+    path.write_text(json.dumps({**raw, "window_steps": 16, "length_half_life_x": 1.0}))
+    assert sc.load_constants(path) == sc.CONSTANTS  # the multiplier was 1: half_life itself
+    path.write_text(json.dumps({**raw, "window_steps": 16, "length_half_life_x": 2.0}))
+    with pytest.raises(ValueError, match=r"length_half_life_x=2\.0 is retired"):
         sc.load_constants(path)

@@ -31,10 +31,10 @@ case $part in
     # constant can move it: benchmarks/results/sagc_ablation/nobudget_pinned/, 2026-12-07).
     sets=(--no-budget --set sagc.benefit=any_group progress=any_group workload.prompts_per_step=2)
     # window_steps is derived (change_window / 2); nomem drops the step window altogether.
+    # lenhl05 / lenhl2 (length_half_life_x 0.5 / 2) ran and moved nothing: the multiplier went.
     # ratehl* are read only under a budget (exactly 1.000 without one): see `budget`.
     vs=(nomem=step_memory=false
         cthr8=change_threshold=8 cthr30=change_threshold=30
-        lenhl05=length_half_life_x=0.5 lenhl2=length_half_life_x=2
         rung0=max_rung_step=0 rung2=max_rung_step=2
         cwin16=change_window=16 cwin64=change_window=64
         mc16=mc_samples=16 mc256=mc_samples=256

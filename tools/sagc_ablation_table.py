@@ -49,6 +49,8 @@ ACTED = {
     ("nobudget_groups", "rate_half_life_x"): _TO_BUDGET,
     ("nobudget", "step_memory"): "the step window stays (its length derived: `change_window` "
                                  "/ 2)",
+    ("nobudget", "length_half_life_x"): "removed 2026-12-07: the truncation rate's memory is "
+                                        "`half_life` itself",
 }
 
 

@@ -76,7 +76,8 @@ def _removed_keys() -> dict[str, str]:
         "hard_filter", "share_budget", "pass_threshold", "pass_em_iters", "cost_ema",
         "window_groups", "mc_samples", "prior_a", "prior_b", "change_threshold", "credit_cap",
         "change_window")}
-    for k in ("length_half_life", "rate_half_life", "trend_half_life", "credit_horizon"):
+    out["length_half_life"] = f"{_WHY}; now sagc.half_life itself ({where})"
+    for k in ("rate_half_life", "trend_half_life", "credit_horizon"):
         x = getattr(c, f"{k}_x")
         out[k] = f"{_WHY}; now derived from sagc.half_life ({x:g} x half_life; {where})"
     out["window_rows"] = (f"{_WHY}; now derived: max({c.window_rows_min}, "
@@ -107,7 +108,8 @@ def migrate_legacy_sagc(old: dict[str, Any]) -> dict[str, Any]:
     sizes = old.get("group_sizes", (4, 8, 12, 16))
     now: dict[str, Any] = {k: getattr(c, k) for k in REMOVED_KEYS if hasattr(c, k)}
     now |= {f"{k}": getattr(c, f"{k}_x") * half for k in
-            ("length_half_life", "rate_half_life", "trend_half_life", "credit_horizon")}
+            ("rate_half_life", "trend_half_life", "credit_horizon")}
+    now["length_half_life"] = half
     now |= {"window_rows": max(c.window_rows_min, c.window_rows_per_rung * max(sizes)),
             "tie_margin": 0.0, "objective": "rate"}
     new = {k: v for k, v in old.items() if k not in REMOVED_KEYS}

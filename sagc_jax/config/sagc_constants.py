@@ -97,11 +97,12 @@ class SAGCConstants:
     # Beta prior on each rung's risk: Jeffreys (uninformative, proper).
     prior_a: float = 0.5
     prior_b: float = 0.5
-    # Memories as multiples of sagc.half_life: the per-row truncation rate (1x), lambda's
-    # discounted realised rate when no horizon is known (5x: a run-long price, not a step's),
-    # the regression of log length on step (3x: a trend needs more steps than a rate), and the
-    # steps over which saved budget credit may be spent (3x). 0 for the trend = none (flat).
-    length_half_life_x: float = 1.0
+    # Memories as multiples of sagc.half_life (the per-row truncation rate's is half_life
+    # itself: 0.5x or 2x moved no workload > 0.9 %, 40 seeds, benchmarks/sagc_ablation.md):
+    # lambda's discounted realised rate when no horizon is known (5x: a run-long price, not a
+    # step's), the regression of log length on step (3x: a trend needs more steps than a
+    # rate), and the steps over which saved budget credit may be spent (3x). 0 for the trend =
+    # none (flat).
     rate_half_life_x: float = 5.0
     trend_half_life_x: float = 3.0
     credit_horizon_x: float = 3.0
@@ -189,17 +190,21 @@ def load_constants(path: str | os.PathLike[str]) -> SAGCConstants:
 
 
 def _retire(raw: dict[str, Any], path: str) -> dict[str, Any]:
-    """A recorded file's retired constants as the flags that replace them: ``window_steps``
-    (until 2026-12-07) was change_window / 2 (``step_memory``) or 0 (ROW_MEMORIES); another
-    value has no equivalent now and raises ValueError naming the file."""
-    if "window_steps" not in raw or "step_memory" in raw:
-        return raw
+    """A recorded file's retired constants: ``window_steps`` (until 2026-12-07) was
+    change_window / 2 (now ``step_memory``) or 0 (ROW_MEMORIES); ``length_half_life_x`` was 1
+    (the truncation rate's memory is now half_life itself). Another value has no equivalent
+    now and raises ValueError naming the file."""
     raw = dict(raw)
-    w = raw.pop("window_steps")
-    if w not in (0, raw.get("change_window", 0) // 2):
-        raise ValueError(f"{path}: window_steps={w} is retired (now change_window / 2 steps, "
-                         "or none); the run does not replay under this version")
-    raw["step_memory"] = w != 0
+    if "window_steps" in raw and "step_memory" not in raw:
+        w = raw.pop("window_steps")
+        if w not in (0, raw.get("change_window", 0) // 2):
+            raise ValueError(f"{path}: window_steps={w} is retired (now change_window / 2 "
+                             "steps, or none); the run does not replay under this version")
+        raw["step_memory"] = w != 0
+    if raw.get("length_half_life_x", 1.0) != 1.0:
+        raise ValueError(f"{path}: length_half_life_x={raw['length_half_life_x']} is retired "
+                         "(now half_life itself); the run does not replay under this version")
+    raw.pop("length_half_life_x", None)
     return raw
 
 
@@ -208,9 +213,9 @@ def resolve(consts: SAGCConstants | None) -> SAGCConstants:
     return CONSTANTS if consts is None else consts
 
 
-def length_half_life(cfg: Any, consts: SAGCConstants | None = None) -> float:
-    """Steps; forgetting of the per-row truncation rate (= half_life at the default 1x)."""
-    return resolve(consts).length_half_life_x * cfg.half_life
+def length_half_life(cfg: Any) -> float:
+    """Steps; forgetting of the per-row truncation rate: ``sagc.half_life`` itself."""
+    return float(cfg.half_life)
 
 
 def rate_half_life(cfg: Any, consts: SAGCConstants | None = None) -> float:

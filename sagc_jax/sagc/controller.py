@@ -116,7 +116,7 @@ def observe(
     held = REASONS[int(dec.last_reason)] == "no_feasible"
     budget = budget_update(state.budget, rate, cfg.delta, held, c)
     length, pool_eps, p_tr = length_update(
-        state.length, lengths, truncated, 0.5 ** (1.0 / length_half_life(cfg, c)), c
+        state.length, lengths, truncated, 0.5 ** (1.0 / length_half_life(cfg)), c
     )
     risk = risk_update(
         cfg, state.risk, lengths, truncated, rng, pool_eps, p_tr, max_new, lam, c
@@ -140,7 +140,7 @@ def observe(
         0.5 ** (1.0 / rate_half_life(cfg, c)), c,
     )
     cost = cost_update(state.cost, obs, i_g, p_groups, timed, c,
-                       0.5 ** (1.0 / length_half_life(cfg, c)))
+                       0.5 ** (1.0 / length_half_life(cfg)))
     decision = dec._replace(g_idx=np.array(i_g, np.int64), step=np.array(step + 1, np.int64))
     new = SAGCState(decision=decision, budget=budget, risk=risk, length=length,
                     benefit=benefit, cost=cost, change=change)
