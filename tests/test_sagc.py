@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from sagc_jax.config.sagc_constants import CONSTANTS, ROW_MEMORIES, window_steps
+from sagc_jax.config.sagc_constants import CONSTANTS, ROW_MEMORIES, change_window, window_steps
 from sagc_jax.sagc import (
     Observation,
     SAGCConfig,
@@ -538,18 +538,19 @@ def test_length_model_reads_the_last_window_steps_only():
     cfg = SAGCConfig(group_sizes=[4, 8], initial_group_size=4)
     c = dataclasses.replace(CONSTANTS, change_threshold=0.0)  # no change point: the window alone
     st = init_state(cfg)
+    w = window_steps(change_window(cfg), c)
     obs = lambda n: Observation(  # noqa: E731
         group_size=4, lengths=np.full(8, float(n)) * np.array([1, 1, 1, 3] * 2),
         truncated=np.zeros(8, bool), rewards=np.zeros(8), max_new_tokens=1024)
-    for _ in range(window_steps(c)):   # long, spread rows (a residual of 3 in every group) ...
+    for _ in range(w):   # long, spread rows (a residual of 3 in every group) ...
         st = observe(cfg, st, obs(400), c)
-    for _ in range(window_steps(c)):   # ... then a window of short, tight ones
+    for _ in range(w):   # ... then a window of short, tight ones
         st = observe(cfg, st, Observation(group_size=4, lengths=np.full(8, 20.0),
                                           truncated=np.zeros(8, bool), rewards=np.zeros(8),
                                           max_new_tokens=1024), c)
     rows_from, groups_from = recent_since(st.length, c)
-    assert int(st.length.rows_seen) - rows_from == 8 * window_steps(c)
-    assert int(st.length.groups_seen) - groups_from == 2 * window_steps(c)
+    assert int(st.length.rows_seen) - rows_from == 8 * w
+    assert int(st.length.groups_seen) - groups_from == 2 * w
     # 20 tokens, and the truncation term (no row truncated, the pooled prior's small rate)
     assert 20.0 <= st.length.exp_steps.max() < 30.0
     old = dataclasses.replace(c, **ROW_MEMORIES)

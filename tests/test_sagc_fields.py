@@ -449,7 +449,8 @@ def test_constants_are_passed_not_patched():
     free = dataclasses.replace(CONSTANTS, max_rung_step=0)
     st = _decided(cfg, [0.5] * 4, [99.5] * 4, g_idx=0)
     assert choose(cfg, st).g == 8 and choose(cfg, st, free).g == 16  # unlimited moves up
-    small = dataclasses.replace(CONSTANTS, window_rows_min=64, window_groups=8, change_window=4)
+    small = dataclasses.replace(CONSTANTS, window_rows_min=64, window_groups=8)
+    cfg = SAGCConfig(**{**GR, "half_life": 12.0})  # the change test's depth: 4 steps
     st = init_state(cfg, consts=small)
     assert st.length.eps_ring.shape == (64,) and st.risk.hist_a.shape == (4, 4)
     rng = np.random.default_rng(0)
@@ -548,8 +549,8 @@ def test_recorded_retired_constants_read_as_what_replaced_them(tmp_path):
     for old, memory in ((16, True), (0, False)):
         path.write_text(json.dumps({**raw, "window_steps": old}))
         assert sc.load_constants(path).step_memory is memory
-    assert sc.window_steps(sc.CONSTANTS) == 16
-    assert sc.window_steps(dataclasses.replace(sc.CONSTANTS, **sc.ROW_MEMORIES)) == 0
+    assert sc.window_steps(32, sc.CONSTANTS) == 16
+    assert sc.window_steps(32, dataclasses.replace(sc.CONSTANTS, **sc.ROW_MEMORIES)) == 0
     path.write_text(json.dumps({**raw, "window_steps": 8}))
     with pytest.raises(ValueError, match="window_steps=8 is retired"):
         sc.load_constants(path)
@@ -558,3 +559,18 @@ def test_recorded_retired_constants_read_as_what_replaced_them(tmp_path):
     path.write_text(json.dumps({**raw, "window_steps": 16, "length_half_life_x": 2.0}))
     with pytest.raises(ValueError, match=r"length_half_life_x=2\.0 is retired"):
         sc.load_constants(path)
+    # change_window (until 2026-12-08): 32, the depth half_life 100 derives, loads; 64 does not
+    path.write_text(json.dumps({**raw, "window_steps": 16, "change_window": 32}))
+    assert sc.load_constants(path) == sc.CONSTANTS
+    path.write_text(json.dumps({**raw, "change_window": 64}))
+    with pytest.raises(ValueError, match="change_window=64 is retired"):
+        sc.load_constants(path)
+
+
+def test_change_window_follows_half_life():
+    """The change test's depth is a third of half_life rounded to a power of two (32 at the
+    default 100, what it was as a constant), and the state's per-step sums take that depth."""
+    assert [sc.change_window(SAGCConfig(half_life=h)) for h in (1, 12, 50, 100, 200)] == [
+        2, 4, 16, 32, 64]
+    st = init_state(SAGCConfig(half_life=50.0))
+    assert st.risk.hist_a.shape[0] == st.length.hist_tr.shape[0] == 16

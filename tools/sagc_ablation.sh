@@ -31,12 +31,12 @@ case $part in
     # constant can move it: benchmarks/results/sagc_ablation/nobudget_pinned/, 2026-12-07).
     sets=(--no-budget --set sagc.benefit=any_group progress=any_group workload.prompts_per_step=2)
     # window_steps is derived (change_window / 2); nomem drops the step window altogether.
-    # lenhl05 / lenhl2 (length_half_life_x 0.5 / 2) ran and moved nothing: the multiplier went.
+    # lenhl05 / lenhl2 (length_half_life_x 0.5 / 2) ran and moved nothing: the multiplier went;
+    # cwin16 / cwin64 (change_window 16 / 64) likewise: the depth is derived from half_life.
     # ratehl* are read only under a budget (exactly 1.000 without one): see `budget`.
     vs=(nomem=step_memory=false
         cthr8=change_threshold=8 cthr30=change_threshold=30
         rung0=max_rung_step=0 rung2=max_rung_step=2
-        cwin16=change_window=16 cwin64=change_window=64
         mc16=mc_samples=16
         tprior100=trunc_prior_rows=100 tprior10k=trunc_prior_rows=10000
         trendhl15=trend_half_life_x=1.5 trendhl6=trend_half_life_x=6

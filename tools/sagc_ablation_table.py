@@ -51,6 +51,9 @@ ACTED = {
                                  "/ 2)",
     ("nobudget", "length_half_life_x"): "removed 2026-12-07: the truncation rate's memory is "
                                         "`half_life` itself",
+    ("nobudget", "change_window"): "derived 2026-12-08: a third of `half_life` rounded to a "
+                                   "power of two (the same 32 at the default 100)",
+    ("nobudget", "max_rung_step"): "read under a budget too: decided with the `budget` part",
 }
 
 

@@ -74,8 +74,8 @@ def _removed_keys() -> dict[str, str]:
     out = {k: f"{_WHY}; now the constant {k} = {getattr(c, k)!r} ({where})" for k in (
         "count_truncated", "floor_on_mean", "extrapolation_power", "max_rung_step",
         "hard_filter", "share_budget", "pass_threshold", "pass_em_iters", "cost_ema",
-        "window_groups", "mc_samples", "prior_a", "prior_b", "change_threshold", "credit_cap",
-        "change_window")}
+        "window_groups", "mc_samples", "prior_a", "prior_b", "change_threshold", "credit_cap")}
+    out["change_window"] = f"{_WHY}; now derived from sagc.half_life ({where}: change_window)"
     out["length_half_life"] = f"{_WHY}; now sagc.half_life itself ({where})"
     for k in ("rate_half_life", "trend_half_life", "credit_horizon"):
         x = getattr(c, f"{k}_x")
@@ -175,7 +175,8 @@ class SAGCConfig(Section):
         100.0,
         "Steps; forgetting of risk/pass-rate statistics within a regime (change detection "
         "restarts them on a shift). Also sets the truncation-rate memory (1x), the benefit "
-        "rate's (5x), the length trend's (3x) and the credit horizon (3x).",
+        "rate's (5x), the length trend's (3x), the credit horizon (3x) and the change test's "
+        "depth (a third, rounded to a power of two).",
         gt=0,
     )
     risk: Annotated[Str, AfterValidator(_risk)] = field(

@@ -2,8 +2,9 @@
 
 Issue 32 cut the ``sagc:`` section to the knobs a user should set (:mod:`sagc_jax.config.sagc`).
 Everything else the controller reads lives here, in one frozen dataclass, at exactly the value
-it had as a config default (so behaviour is unchanged). Four memories are derived from
-``sagc.half_life`` (the ``*_x`` multipliers) and the residual ring from ``sagc.group_sizes``.
+it had as a config default (so behaviour is unchanged). The memories are derived from
+``sagc.half_life`` (the ``*_x`` multipliers, the change test's depth) and the residual ring from
+``sagc.group_sizes``.
 
 The controller's entry points (``init_state``, ``observe``, ``choose``, the policies) take the
 constants as an explicit ``consts`` argument and hand them down to every function they call;
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -34,6 +36,7 @@ __all__ = [
     "FLAT_MODEL_COST",
     "ROW_MEMORIES",
     "SAGCConstants",
+    "change_window",
     "credit_horizon",
     "length_half_life",
     "load_constants",
@@ -80,8 +83,8 @@ class SAGCConstants:
     # none before the last change): lengths drift per update, not per row, so a memory counted
     # in rows was ~16 steps at the simulator's 16 prompts/step but a whole 48-step real run at
     # 2 prompts/step (issue 49: second-half seconds over-predicted 4.5x). How many steps is
-    # derived, half the change test's depth (change_window / 2 = 16): 8 or 32 steps moved no
-    # workload > 0.4 % (40 seeds, benchmarks/sagc_ablation.md). False = no step window (the
+    # derived, half the change test's depth (change_window(cfg) / 2 = 16): 8 or 32 steps moved
+    # no workload > 0.4 % (40 seeds, benchmarks/sagc_ablation.md). False = no step window (the
     # rings' capacity alone: ROW_MEMORIES).
     step_memory: bool = True
     # Capacity of the ring of untruncated row length / group median: at least this many rows
@@ -107,10 +110,9 @@ class SAGCConstants:
     trend_half_life_x: float = 3.0
     credit_horizon_x: float = 3.0
     # Change detection: likelihood-ratio statistic (about chi-square(1); false-alarm rate near
-    # 1e-4 per test) above which a change is declared; 0 = none.
+    # 1e-4 per test) above which a change is declared; 0 = none. (Its depth, the longest
+    # window tested, is derived from half_life: change_window.)
     change_threshold: float = 15.0
-    # Steps of per-step sums kept for the change test (windows of 1, 2, 4, ... steps).
-    change_window: int = 32
     # Unused straggler budget saved for later, at most this much (0 = the queue counts debt only).
     credit_cap: float = 100.0
     # Weight, in rows, of the truncation-rate prior (the run's pooled rate): a regime that has
@@ -192,12 +194,14 @@ def load_constants(path: str | os.PathLike[str]) -> SAGCConstants:
 def _retire(raw: dict[str, Any], path: str) -> dict[str, Any]:
     """A recorded file's retired constants: ``window_steps`` (until 2026-12-07) was
     change_window / 2 (now ``step_memory``) or 0 (ROW_MEMORIES); ``length_half_life_x`` was 1
-    (the truncation rate's memory is now half_life itself). Another value has no equivalent
-    now and raises ValueError naming the file."""
+    (the truncation rate's memory is now half_life itself); ``change_window`` (until
+    2026-12-08) was 32, what :func:`change_window` derives from the default half_life of 100
+    that every run recorded before then used. Another value has no equivalent now and raises
+    ValueError naming the file."""
     raw = dict(raw)
     if "window_steps" in raw and "step_memory" not in raw:
         w = raw.pop("window_steps")
-        if w not in (0, raw.get("change_window", 0) // 2):
+        if w not in (0, raw.get("change_window", _RECORDED_DEPTH) // 2):
             raise ValueError(f"{path}: window_steps={w} is retired (now change_window / 2 "
                              "steps, or none); the run does not replay under this version")
         raw["step_memory"] = w != 0
@@ -205,7 +209,15 @@ def _retire(raw: dict[str, Any], path: str) -> dict[str, Any]:
         raise ValueError(f"{path}: length_half_life_x={raw['length_half_life_x']} is retired "
                          "(now half_life itself); the run does not replay under this version")
     raw.pop("length_half_life_x", None)
+    if raw.get("change_window", _RECORDED_DEPTH) != _RECORDED_DEPTH:
+        raise ValueError(f"{path}: change_window={raw['change_window']} is retired (now derived "
+                         "from half_life); the run does not replay under this version")
+    raw.pop("change_window", None)
     return raw
+
+
+#: The change test's depth every run recorded before 2026-12-08 ran under (half_life 100).
+_RECORDED_DEPTH = 32
 
 
 def resolve(consts: SAGCConstants | None) -> SAGCConstants:
@@ -233,10 +245,19 @@ def credit_horizon(cfg: Any, consts: SAGCConstants | None = None) -> float:
     return resolve(consts).credit_horizon_x * cfg.half_life
 
 
-def window_steps(consts: SAGCConstants | None = None) -> int:
-    """Steps the length model reads back (change_window / 2); 0 = no step window."""
-    c = resolve(consts)
-    return c.change_window // 2 if c.step_memory else 0
+def change_window(cfg: Any) -> int:
+    """Steps; depth of the change test (its windows are the last 1, 2, 4, ... steps up to it):
+    a third of ``sagc.half_life``, rounded to a power of two, at least 2 (32 at the default
+    100). 16 and 64 moved no workload > 0.6 % (40 seeds, benchmarks/sagc_ablation.md), so it
+    is no constant of its own; it follows the memory, so a shorter memory tests shorter
+    windows."""
+    return int(max(2, 2 ** round(math.log2(float(cfg.half_life) / 3.0))))
+
+
+def window_steps(depth: int, consts: SAGCConstants | None = None) -> int:
+    """Steps the length model reads back: half the change test's depth (``depth``: that of the
+    state's per-step sums, :func:`change_window` at init); 0 = no step window."""
+    return depth // 2 if resolve(consts).step_memory else 0
 
 
 def window_rows(cfg: Any, consts: SAGCConstants | None = None) -> int:

@@ -49,7 +49,7 @@ def recent_since(length: Length, consts: SAGCConstants | None = None) -> tuple[i
     """Where the length model's rings are read from: (rows, groups) write counts of the later of
     the last change and the start of the last ``window_steps`` steps (per-step counts from
     ``hist_tr``; the residual ring holds untruncated rows only)."""
-    w = window_steps(consts)
+    w = window_steps(len(length.hist_tr), consts)
     if w <= 0:
         return int(length.rows_since), int(length.groups_since)
     h = length.hist_tr[: min(w, len(length.hist_tr))]

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sagc_jax.config.sagc_constants import SAGCConstants, resolve, window_rows
+from sagc_jax.config.sagc_constants import SAGCConstants, change_window, resolve, window_rows
 
 #: Reason codes of a decision (stored as an index: strings are not pytree leaves).
 REASONS: tuple[str, ...] = ("init", "warmup", "score", "no_feasible", "toward_feasible", "static")
@@ -48,7 +48,7 @@ class Risk(NamedTuple):
     a: np.ndarray  # float64 [K]: discounted events (or tail shares), groups
     b: np.ndarray  # float64 [K]: discounted non-events (or 1 - tail shares), groups
     last: np.ndarray  # float64 [K]: last step's counterfactual risk (probability; diagnostic)
-    # The last change_window steps' own sums, newest first (change detection):
+    # The last change_window(cfg) steps' own sums, newest first (change detection):
     hist_a: np.ndarray  # float64 [change_window, K]: weighted events per rung, groups
     hist_n: np.ndarray  # float64 [change_window, K]: weighted groups per rung
 
@@ -153,7 +153,7 @@ def init_state(
     i64 = lambda v: np.array(v, np.int64)  # noqa: E731
     if horizon is not None and int(horizon) < 1:
         raise ValueError(f"SAGC horizon: must be >= 1 steps or None, got {horizon}")
-    win = c.change_window
+    win = change_window(cfg)
     return SAGCState(
         decision=Decision(
             step=i64(0), seed=i64(c.seed if seed is None else seed),

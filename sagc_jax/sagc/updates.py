@@ -167,7 +167,8 @@ def change_update(
 ) -> tuple[Risk, Length, Change]:
     """Change detection, a windowed generalised likelihood-ratio test.
 
-    For the last 1, 2, 4, ... steps (up to the constant change_window), compare the window's
+    For the last 1, 2, 4, ... steps (up to the depth of ``hist_*``, ``change_window(cfg)`` at
+    init), compare the window's
     own sums (``hist_*``, already holding this step) with the long-memory sums of the previous
     state (a two-sample test, so a memory that just restarted and holds little evidence does not
     trigger again on noise): the per-row truncation rate, and the risk of every rung <= the
@@ -182,7 +183,7 @@ def change_update(
     reg_rows, reg_tr = length_old.trunc_s
     # Windows never reach back past the last change: that data belongs to the old regime.
     age = step - int(change.change_step) + 1
-    filled = min(age, c.change_window)
+    filled = min(age, len(risk.hist_a))
     hist_a, hist_n, hist_tr = risk.hist_a, risk.hist_n, length.hist_tr
     best, best_w = 0.0, 0
     w = 1
