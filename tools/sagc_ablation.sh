@@ -41,6 +41,8 @@ case $part in
         tprior100=trunc_prior_rows=100 tprior10k=trunc_prior_rows=10000
         trendhl15=trend_half_life_x=1.5 trendhl6=trend_half_life_x=6
         pass025=pass_threshold=0.25 pass075=pass_threshold=0.75
+        # the trend's memory (1.5x, 6x) moved nothing: is the trend needed at all?
+        notrend=trend_half_life_x=0
         # Last: at 2 prompts a step the 16-step window (<= 512 rows, 32 groups) binds before
         # these ring capacities, so they can move little here.
         mc256=mc_samples=256
