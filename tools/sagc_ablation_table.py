@@ -54,6 +54,11 @@ ACTED = {
     ("nobudget", "change_window"): "derived 2026-12-08: a third of `half_life` rounded to a "
                                    "power of two (the same 32 at the default 100)",
     ("nobudget", "max_rung_step"): "read under a budget too: decided with the `budget` part",
+    ("nobudget", "pass_threshold"): "not measurable on this suite: its rewards are 0/1 but for "
+                                    "<= 2.4 % of the SmolLM2 traces' rows, where any value in "
+                                    "(0, 1) is the same rule; kept as the midpoint of [0, 1] "
+                                    "rewards, the definition of a pass",
+    ("nobudget", "trend_half_life_x"): "is the trend needed at all? `notrend` (no trend) decides",
 }
 
 
