@@ -54,6 +54,8 @@ ACTED = {
     ("nobudget", "change_window"): "derived 2026-12-08: a third of `half_life` rounded to a "
                                    "power of two (the same 32 at the default 100)",
     ("nobudget", "max_rung_step"): "read under a budget too: decided with the `budget` part",
+    ("nobudget", "mc_samples"): "not yet acted: its removal is exact computation in place of "
+                                "Monte Carlo (recorded runs replay under 64)",
     ("nobudget", "pass_threshold"): "not measurable on this suite: its rewards are 0/1 but for "
                                     "<= 2.4 % of the SmolLM2 traces' rows, where any value in "
                                     "(0, 1) is the same rule; kept as the midpoint of [0, 1] "
